@@ -1,0 +1,5 @@
+//! churn-throttler: an admission webhook that paces pod churn cluster-wide.
+//! The decision code (policy, limiter, admission) is pure; server and cli are the shells.
+
+pub mod limiter;
+pub mod policy;

@@ -1,0 +1,582 @@
+//! Exact sliding-window limiter with reservations of future slots.
+//! Pure: time comes in as milliseconds, nothing here reads a clock or sleeps.
+//!
+//! Each bucket keeps its charges in time order. A request of cost `k` fits at time
+//! `t` (not before the bucket's last charge, which keeps every bucket FIFO) when at
+//! most `events - k` charges lie in `(t - window, t]`; so the earliest slot is
+//! `charges[n - 1 - (events - k)] + window`. Slots are only ever appended, which
+//! makes that formula exact for "at most `events` in ANY interval of length `window`".
+
+use crate::policy::{Limit, Scope};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Milliseconds since the Unix epoch.
+pub type Millis = u64;
+
+/// How long past its slot an unclaimed reservation is kept for its retry.
+pub const RESERVATION_GRACE_MS: Millis = 30_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ScopeKey {
+    Global,
+    Namespace(Arc<str>),
+    Owner(Arc<str>),
+    /// Shared by namespace/owner keys that arrive while the bucket table is full:
+    /// stricter than their own buckets, never looser.
+    Overflow,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    pub rule: Arc<str>,
+    /// Index of the limit within the rule.
+    pub limit: u8,
+    pub scope: ScopeKey,
+}
+
+/// The stable identity of a logical request, so its retry claims its own slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// One request: a named pod, an eviction, a StatefulSet by UID.
+    Exact(String),
+    /// Interchangeable requests (pods of one ReplicaSet by owner UID + generateName):
+    /// any of them may claim any due reservation of the pool, one each.
+    Pool(String),
+}
+
+/// One request for capacity.
+#[derive(Debug, Clone)]
+pub struct Ask<'a> {
+    pub rule: &'a Arc<str>,
+    pub limits: &'a [Limit],
+    pub namespace: &'a str,
+    /// Controller UID, for `owner` scope; requests without one use their identity.
+    pub owner: Option<&'a str>,
+    pub identity: &'a Identity,
+    pub cost: u32,
+    /// Reserve a future slot when there is no room now (false: just say when).
+    pub reserve: bool,
+    pub dry_run: bool,
+    pub max_reserved_per_namespace: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Fits now and was charged now (or would be, for a dry run).
+    Admitted,
+    /// The request's reservation is due and is now used.
+    Claimed { slot: Millis },
+    /// A slot is reserved for this identity at `slot` (> now); come back then.
+    Reserved { slot: Millis },
+    /// No room now and nothing reserved; `retry_at` is the earliest sensible retry.
+    Refused { retry_at: Millis, why: RefusedWhy },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedWhy {
+    /// The caller asked not to reserve (deny, gate, dry run).
+    NotReserving,
+    /// This namespace already holds its share of future slots in a bucket.
+    NamespaceShare,
+    /// The reservation table is full.
+    TableFull,
+}
+
+#[derive(Debug, Clone)]
+struct Reservation {
+    slot: Millis,
+    namespace: Arc<str>,
+    buckets: Vec<BucketKey>,
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    /// Charge times, non-decreasing; may extend into the future (reserved slots).
+    charges: VecDeque<Millis>,
+    /// Future slots held per namespace, for the fair share.
+    reserved_by_namespace: HashMap<Arc<str>, u32>,
+    window: Millis,
+    events: u32,
+}
+
+impl Bucket {
+    fn last(&self) -> Millis {
+        self.charges.back().copied().unwrap_or(0)
+    }
+
+    /// Earliest `t >= now` where `cost` more charges fit in every window holding `t`.
+    fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
+        let events = limit.events as usize;
+        let cost = (cost as usize).clamp(1, events);
+        let window = limit.window.as_millis() as Millis;
+        if now >= self.last() {
+            return self.earliest_after_all(events, cost, window, now);
+        }
+        // `now` lies before reserved slots: a gap may fit. The first time a window stops
+        // being too full is when some charge leaves it, so only `now` and `charge + window`
+        // can be the answer; try them in order.
+        if self.fits(now, events, cost, window) {
+            return now;
+        }
+        for &charge in &self.charges {
+            let candidate = charge + window;
+            if candidate <= now {
+                continue;
+            }
+            if candidate >= self.last() {
+                return self.earliest_after_all(events, cost, window, candidate);
+            }
+            if self.fits(candidate, events, cost, window) {
+                return candidate;
+            }
+        }
+        self.earliest_after_all(events, cost, window, now.max(self.last()))
+    }
+
+    /// With every charge at or before `t`, only `(t - window, t]` matters.
+    fn earliest_after_all(&self, events: usize, cost: usize, window: Millis, t: Millis) -> Millis {
+        let n = self.charges.len();
+        let free = events - cost;
+        let by_window = if n > free {
+            self.charges[n - 1 - free] + window
+        } else {
+            0
+        };
+        t.max(by_window)
+    }
+
+    /// Whether `cost` charges at `t` keep every window of length `window` at or under `events`.
+    fn fits(&self, t: Millis, events: usize, cost: usize, window: Millis) -> bool {
+        let lo = self.charges.partition_point(|&c| c + window <= t);
+        let hi = self.charges.partition_point(|&c| c <= t);
+        // Windows holding t start in (t - window, t]; the fullest starts at one of the
+        // charges in that range, or just after t - window.
+        let mut fullest = hi - lo;
+        let mut end = hi;
+        for start in lo..hi {
+            let from = self.charges[start];
+            while end < self.charges.len() && self.charges[end] < from + window {
+                end += 1;
+            }
+            fullest = fullest.max(end - start);
+        }
+        fullest + cost <= events
+    }
+
+    fn charge(&mut self, at: Millis, cost: u32, limit: &Limit) {
+        let cost = cost.clamp(1, limit.events);
+        let index = self.charges.partition_point(|&c| c <= at);
+        for _ in 0..cost {
+            self.charges.insert(index, at);
+        }
+        self.window = limit.window.as_millis() as Millis;
+        self.events = limit.events;
+    }
+
+    /// Drops charges that no window holding `now` or a later time can see.
+    fn trim(&mut self, now: Millis) {
+        while let Some(&first) = self.charges.front() {
+            if first + self.window <= now {
+                self.charges.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn in_window(&self, now: Millis) -> u32 {
+        self.charges
+            .iter()
+            .filter(|&&c| c + self.window > now && c <= now)
+            .count() as u32
+    }
+
+    fn is_idle(&self, now: Millis) -> bool {
+        self.reserved_by_namespace.is_empty()
+            && self.charges.back().is_none_or(|&c| c + self.window <= now)
+    }
+}
+
+/// What a sweep found, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub buckets: usize,
+    pub reservations: usize,
+    /// Per rule: the fullest bucket's charges in its current window, and that bucket's limit.
+    pub per_rule: HashMap<Arc<str>, (u32, u32)>,
+}
+
+pub struct Limiter {
+    buckets: HashMap<BucketKey, Bucket>,
+    exact: HashMap<(Arc<str>, String), Reservation>,
+    pools: HashMap<(Arc<str>, String), VecDeque<Reservation>>,
+    reservation_count: usize,
+    max_buckets: usize,
+    max_reservations: usize,
+}
+
+impl Limiter {
+    pub fn new(max_buckets: usize) -> Limiter {
+        Limiter {
+            buckets: HashMap::new(),
+            exact: HashMap::new(),
+            pools: HashMap::new(),
+            reservation_count: 0,
+            max_buckets: max_buckets.max(16),
+            max_reservations: max_buckets.max(16),
+        }
+    }
+
+    pub fn set_max_buckets(&mut self, max_buckets: usize) {
+        self.max_buckets = max_buckets.max(16);
+        self.max_reservations = self.max_buckets;
+    }
+
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub fn reservation_count(&self) -> usize {
+        self.reservation_count
+    }
+
+    /// Decide, and unless `dry_run`, record.
+    pub fn acquire(&mut self, ask: &Ask<'_>, now: Millis) -> Outcome {
+        let rule = ask.rule.clone();
+        if let Some(outcome) = self.claim(&rule, ask.identity, now, ask.dry_run) {
+            return outcome;
+        }
+        let keys = self.bucket_keys(ask);
+        let slot = keys
+            .iter()
+            .zip(ask.limits)
+            .map(|(key, limit)| match self.buckets.get(key) {
+                Some(bucket) => bucket.earliest(limit, ask.cost, now),
+                None => now,
+            })
+            .max()
+            .unwrap_or(now);
+
+        if slot <= now {
+            if !ask.dry_run {
+                self.charge_all(&keys, ask.limits, slot, ask.cost, now);
+            }
+            return Outcome::Admitted;
+        }
+        if !ask.reserve || ask.dry_run {
+            return Outcome::Refused {
+                retry_at: slot,
+                why: RefusedWhy::NotReserving,
+            };
+        }
+        let namespace: Arc<str> = Arc::from(ask.namespace);
+        // Fair share: a namespace holding its share of future slots in any bucket waits
+        // for its own earliest reservation instead of taking more.
+        for key in &keys {
+            if let Some(bucket) = self.buckets.get(key) {
+                let held = bucket
+                    .reserved_by_namespace
+                    .get(&namespace)
+                    .copied()
+                    .unwrap_or(0);
+                if held >= ask.max_reserved_per_namespace {
+                    let retry_at = self
+                        .earliest_reservation_of(&namespace, key)
+                        .unwrap_or(slot);
+                    return Outcome::Refused {
+                        retry_at: retry_at.max(now + 1),
+                        why: RefusedWhy::NamespaceShare,
+                    };
+                }
+            }
+        }
+        if self.reservation_count >= self.max_reservations {
+            return Outcome::Refused {
+                retry_at: slot,
+                why: RefusedWhy::TableFull,
+            };
+        }
+        self.charge_all(&keys, ask.limits, slot, ask.cost, now);
+        for key in &keys {
+            if let Some(bucket) = self.buckets.get_mut(key) {
+                *bucket
+                    .reserved_by_namespace
+                    .entry(namespace.clone())
+                    .or_insert(0) += 1;
+            }
+        }
+        let reservation = Reservation {
+            slot,
+            namespace,
+            buckets: keys,
+        };
+        match ask.identity {
+            Identity::Exact(id) => {
+                self.exact.insert((rule, id.clone()), reservation);
+            }
+            Identity::Pool(id) => {
+                self.pools
+                    .entry((rule, id.clone()))
+                    .or_default()
+                    .push_back(reservation);
+            }
+        }
+        self.reservation_count += 1;
+        Outcome::Reserved { slot }
+    }
+
+    /// A request whose reservation exists: due ones are used up, early ones wait.
+    fn claim(
+        &mut self,
+        rule: &Arc<str>,
+        identity: &Identity,
+        now: Millis,
+        dry_run: bool,
+    ) -> Option<Outcome> {
+        match identity {
+            Identity::Exact(id) => {
+                let key = (rule.clone(), id.clone());
+                let slot = self.exact.get(&key)?.slot;
+                if slot > now {
+                    return Some(Outcome::Reserved { slot });
+                }
+                if !dry_run {
+                    if let Some(r) = self.exact.remove(&key) {
+                        self.release_share(&r);
+                    }
+                }
+                Some(Outcome::Claimed { slot })
+            }
+            Identity::Pool(id) => {
+                let key = (rule.clone(), id.clone());
+                let pool = self.pools.get_mut(&key)?;
+                // Slots are appended in time order, so the front is the earliest.
+                let slot = pool.front()?.slot;
+                if slot > now {
+                    // Not due: this may be a new pod of the pool, so it gets its own slot.
+                    return None;
+                }
+                if dry_run {
+                    return Some(Outcome::Claimed { slot });
+                }
+                let reservation = pool.pop_front()?;
+                if pool.is_empty() {
+                    self.pools.remove(&key);
+                }
+                self.release_share(&reservation);
+                Some(Outcome::Claimed { slot })
+            }
+        }
+    }
+
+    /// Marks a reserved slot as used by a request that is being held until it.
+    pub fn consume(&mut self, rule: &Arc<str>, identity: &Identity) {
+        let reservation = match identity {
+            Identity::Exact(id) => self.exact.remove(&(rule.clone(), id.clone())),
+            Identity::Pool(id) => {
+                let key = (rule.clone(), id.clone());
+                // A held pool request was just given the newest slot of its pool.
+                let r = self.pools.get_mut(&key).and_then(|p| p.pop_back());
+                if self.pools.get(&key).is_some_and(|p| p.is_empty()) {
+                    self.pools.remove(&key);
+                }
+                r
+            }
+        };
+        if let Some(r) = reservation {
+            self.release_share(&r);
+        }
+    }
+
+    fn release_share(&mut self, reservation: &Reservation) {
+        self.reservation_count = self.reservation_count.saturating_sub(1);
+        for key in &reservation.buckets {
+            if let Some(bucket) = self.buckets.get_mut(key) {
+                if let Some(held) = bucket.reserved_by_namespace.get_mut(&reservation.namespace) {
+                    *held -= 1;
+                    if *held == 0 {
+                        bucket.reserved_by_namespace.remove(&reservation.namespace);
+                    }
+                }
+            }
+        }
+    }
+
+    fn earliest_reservation_of(&self, namespace: &Arc<str>, key: &BucketKey) -> Option<Millis> {
+        let exact = self.exact.values();
+        let pooled = self.pools.values().flatten();
+        exact
+            .chain(pooled)
+            .filter(|r| &r.namespace == namespace && r.buckets.contains(key))
+            .map(|r| r.slot)
+            .min()
+    }
+
+    /// Records charges without asking (the releaser's releases, window seeding).
+    pub fn record(
+        &mut self,
+        rule: &Arc<str>,
+        limits: &[Limit],
+        namespace: &str,
+        owner: Option<&str>,
+        at: Millis,
+        cost: u32,
+    ) {
+        let identity = Identity::Exact(String::new());
+        let ask = Ask {
+            rule,
+            limits,
+            namespace,
+            owner,
+            identity: &identity,
+            cost,
+            reserve: false,
+            dry_run: false,
+            max_reserved_per_namespace: 0,
+        };
+        let keys = self.bucket_keys(&ask);
+        for (key, limit) in keys.iter().zip(limits) {
+            let bucket = self.buckets.entry(key.clone()).or_default();
+            bucket.trim(at.min(bucket.last()));
+            // A forced charge into a full window adds nothing a decision could use,
+            // and skipping it keeps a warn rule's bucket bounded under any load.
+            if bucket.in_window(at) >= limit.events {
+                continue;
+            }
+            bucket.charge(at, cost, limit);
+        }
+    }
+
+    /// Earliest time the request would fit, without recording anything.
+    pub fn earliest(
+        &self,
+        rule: &Arc<str>,
+        limits: &[Limit],
+        namespace: &str,
+        owner: Option<&str>,
+        cost: u32,
+        now: Millis,
+    ) -> Millis {
+        let identity = Identity::Exact(String::new());
+        let ask = Ask {
+            rule,
+            limits,
+            namespace,
+            owner,
+            identity: &identity,
+            cost,
+            reserve: false,
+            dry_run: true,
+            max_reserved_per_namespace: 0,
+        };
+        self.bucket_keys(&ask)
+            .iter()
+            .zip(limits)
+            .map(|(key, limit)| {
+                self.buckets
+                    .get(key)
+                    .map_or(now, |b| b.earliest(limit, cost, now))
+            })
+            .max()
+            .unwrap_or(now)
+    }
+
+    fn charge_all(
+        &mut self,
+        keys: &[BucketKey],
+        limits: &[Limit],
+        at: Millis,
+        cost: u32,
+        now: Millis,
+    ) {
+        for (key, limit) in keys.iter().zip(limits) {
+            let bucket = self.buckets.entry(key.clone()).or_default();
+            bucket.trim(now);
+            bucket.charge(at, cost, limit);
+        }
+    }
+
+    fn bucket_keys(&self, ask: &Ask<'_>) -> Vec<BucketKey> {
+        ask.limits
+            .iter()
+            .enumerate()
+            .map(|(index, limit)| {
+                let scope = match limit.scope {
+                    Scope::Global => ScopeKey::Global,
+                    Scope::Namespace => ScopeKey::Namespace(Arc::from(ask.namespace)),
+                    Scope::Owner => {
+                        let owner = match (ask.owner, ask.identity) {
+                            (Some(uid), _) => uid,
+                            (None, Identity::Exact(id) | Identity::Pool(id)) => id.as_str(),
+                        };
+                        ScopeKey::Owner(Arc::from(owner))
+                    }
+                };
+                let mut key = BucketKey {
+                    rule: ask.rule.clone(),
+                    limit: index.min(u8::MAX as usize) as u8,
+                    scope,
+                };
+                if key.scope != ScopeKey::Global
+                    && self.buckets.len() >= self.max_buckets
+                    && !self.buckets.contains_key(&key)
+                {
+                    key.scope = ScopeKey::Overflow;
+                }
+                key
+            })
+            .collect()
+    }
+
+    /// Drops expired reservations and idle buckets; returns usage for metrics.
+    /// Call it every few seconds; cost is linear in live state.
+    pub fn sweep(&mut self, now: Millis) -> Usage {
+        let expired = |r: &Reservation| r.slot + RESERVATION_GRACE_MS <= now;
+        let mut dropped = Vec::new();
+        self.exact.retain(|_, r| {
+            if expired(r) {
+                dropped.push(r.clone());
+                false
+            } else {
+                true
+            }
+        });
+        for pool in self.pools.values_mut() {
+            while pool.front().is_some_and(expired) {
+                if let Some(r) = pool.pop_front() {
+                    dropped.push(r);
+                }
+            }
+        }
+        self.pools.retain(|_, p| !p.is_empty());
+        for r in &dropped {
+            self.release_share(r);
+        }
+        let mut per_rule: HashMap<Arc<str>, (u32, u32)> = HashMap::new();
+        self.buckets.retain(|key, bucket| {
+            bucket.trim(now);
+            let used = bucket.in_window(now);
+            let entry = per_rule
+                .entry(key.rule.clone())
+                .or_insert((0, bucket.events));
+            if used > entry.0 {
+                *entry = (used, bucket.events);
+            }
+            !bucket.is_idle(now)
+        });
+        Usage {
+            buckets: self.buckets.len(),
+            reservations: self.reservation_count,
+            per_rule,
+        }
+    }
+
+    /// Charges in the bucket's window at `now` (tests and metrics).
+    pub fn used(&self, key: &BucketKey, now: Millis) -> u32 {
+        self.buckets.get(key).map_or(0, |b| b.in_window(now))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,436 @@
+use super::*;
+use crate::policy::{Limit, Scope};
+use proptest::prelude::*;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+
+fn limit(events: u32, window_ms: u64, scope: Scope) -> Limit {
+    Limit {
+        events,
+        window: Duration::from_millis(window_ms),
+        scope,
+    }
+}
+
+fn ask<'a>(
+    rule: &'a Arc<str>,
+    limits: &'a [Limit],
+    namespace: &'a str,
+    identity: &'a Identity,
+) -> Ask<'a> {
+    Ask {
+        rule,
+        limits,
+        namespace,
+        owner: None,
+        identity,
+        cost: 1,
+        reserve: true,
+        dry_run: false,
+        max_reserved_per_namespace: 1_000,
+    }
+}
+
+fn exact(id: &str) -> Identity {
+    Identity::Exact(id.to_string())
+}
+
+#[test]
+fn table_of_single_decisions() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(2, 10_000, Scope::Global)];
+    // (case, prior admissions at these times, now, expected outcome)
+    let cases: &[(&str, &[u64], u64, Outcome)] = &[
+        ("empty bucket admits", &[], 100, Outcome::Admitted),
+        ("one free slot admits", &[50], 100, Outcome::Admitted),
+        (
+            "full window reserves at oldest+window",
+            &[0, 50],
+            100,
+            Outcome::Reserved { slot: 10_000 },
+        ),
+        (
+            "charge leaving exactly now frees a slot",
+            &[0, 50],
+            10_000,
+            Outcome::Admitted,
+        ),
+        (
+            "one ms before the edge is still full",
+            &[0, 50],
+            9_999,
+            Outcome::Reserved { slot: 10_000 },
+        ),
+    ];
+    for (case, prior, now, want) in cases {
+        let mut limiter = Limiter::new(100);
+        for (i, at) in prior.iter().enumerate() {
+            let id = exact(&format!("prior-{i}"));
+            assert_eq!(
+                limiter.acquire(&ask(&rule, &limits, "ns", &id), *at),
+                Outcome::Admitted,
+                "{case}"
+            );
+        }
+        let id = exact("subject");
+        assert_eq!(
+            limiter.acquire(&ask(&rule, &limits, "ns", &id), *now),
+            *want,
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn retry_claims_its_own_slot_and_pays_once() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let a = exact("a");
+    let b = exact("b");
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &a), 0),
+        Outcome::Admitted
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 10),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    // An early retry is told the same slot, and nothing more is charged.
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 500),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    assert_eq!(limiter.reservation_count(), 1);
+    // At its slot it is admitted without a new charge.
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 1_000),
+        Outcome::Claimed { slot: 1_000 }
+    );
+    assert_eq!(limiter.reservation_count(), 0);
+    let key = BucketKey {
+        rule: rule.clone(),
+        limit: 0,
+        scope: ScopeKey::Global,
+    };
+    assert_eq!(limiter.used(&key, 1_000), 1);
+    // The next newcomer goes after it.
+    let c = exact("c");
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 1_001),
+        Outcome::Reserved { slot: 2_000 }
+    );
+}
+
+#[test]
+fn pool_members_share_due_slots() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let pool = Identity::Pool("rs-uid/web-".into());
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &pool), 0),
+        Outcome::Admitted
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &pool), 0),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &pool), 0),
+        Outcome::Reserved { slot: 2_000 }
+    );
+    // Whichever member comes back first takes the earliest due slot.
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &pool), 1_000),
+        Outcome::Claimed { slot: 1_000 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &pool), 2_000),
+        Outcome::Claimed { slot: 2_000 }
+    );
+    assert_eq!(limiter.reservation_count(), 0);
+}
+
+#[test]
+fn dry_run_decides_without_charging() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let id = exact("a");
+    let mut dry = ask(&rule, &limits, "ns", &id);
+    dry.dry_run = true;
+    assert_eq!(limiter.acquire(&dry, 0), Outcome::Admitted);
+    assert_eq!(limiter.acquire(&dry, 0), Outcome::Admitted);
+    assert_eq!(limiter.bucket_count(), 0);
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &id), 0),
+        Outcome::Admitted
+    );
+    assert_eq!(
+        limiter.acquire(&dry, 0),
+        Outcome::Refused {
+            retry_at: 1_000,
+            why: RefusedWhy::NotReserving
+        }
+    );
+    assert_eq!(limiter.reservation_count(), 0);
+}
+
+#[test]
+fn every_bucket_of_a_rule_must_fit() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [
+        limit(10, 1_000, Scope::Global),
+        limit(1, 1_000, Scope::Namespace),
+    ];
+    let mut limiter = Limiter::new(100);
+    let (a1, a2, b1) = (exact("a1"), exact("a2"), exact("b1"));
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "a", &a1), 0),
+        Outcome::Admitted
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "a", &a2), 0),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "b", &b1), 0),
+        Outcome::Admitted
+    );
+}
+
+#[test]
+fn namespace_share_stops_one_namespace_from_taking_the_future() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let ids: Vec<Identity> = (0..5).map(|i| exact(&format!("a{i}"))).collect();
+    let mut outcomes = Vec::new();
+    for id in &ids {
+        let mut a = ask(&rule, &limits, "a", id);
+        a.max_reserved_per_namespace = 2;
+        outcomes.push(limiter.acquire(&a, 0));
+    }
+    assert_eq!(outcomes[0], Outcome::Admitted);
+    assert_eq!(outcomes[1], Outcome::Reserved { slot: 1_000 });
+    assert_eq!(outcomes[2], Outcome::Reserved { slot: 2_000 });
+    assert_eq!(
+        outcomes[3],
+        Outcome::Refused {
+            retry_at: 1_000,
+            why: RefusedWhy::NamespaceShare
+        }
+    );
+    // Another namespace still gets the next slot, not one behind all of a's backlog.
+    let b = exact("b0");
+    let mut bask = ask(&rule, &limits, "b", &b);
+    bask.max_reserved_per_namespace = 2;
+    assert_eq!(limiter.acquire(&bask, 0), Outcome::Reserved { slot: 3_000 });
+}
+
+#[test]
+fn sweep_expires_unclaimed_reservations_and_idle_buckets() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Namespace)];
+    let mut limiter = Limiter::new(100);
+    let (a, b) = (exact("a"), exact("b"));
+    limiter.acquire(&ask(&rule, &limits, "ns", &a), 0);
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 0),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    let usage = limiter.sweep(1_000 + RESERVATION_GRACE_MS - 1);
+    assert_eq!(usage.reservations, 1);
+    let usage = limiter.sweep(1_000 + RESERVATION_GRACE_MS);
+    assert_eq!((usage.buckets, usage.reservations), (0, 0));
+}
+
+#[test]
+fn bucket_table_is_capped_by_an_overflow_bucket() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(5, 60_000, Scope::Namespace)];
+    let mut limiter = Limiter::new(16);
+    for i in 0..1_000 {
+        let ns = format!("ns-{i}");
+        let id = exact(&ns);
+        limiter.acquire(&ask(&rule, &limits, &ns, &id), i);
+    }
+    assert!(limiter.bucket_count() <= 17, "{}", limiter.bucket_count());
+    let overflow = BucketKey {
+        rule: rule.clone(),
+        limit: 0,
+        scope: ScopeKey::Overflow,
+    };
+    // The shared bucket is stricter, never looser: it is full.
+    assert_eq!(limiter.used(&overflow, 1_000), 5);
+}
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    gap_ms: u64,
+    namespace: u8,
+    pool: bool,
+    early_retry: bool,
+}
+
+fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
+    prop::collection::vec(
+        (0u64..400, 0u8..4, any::<bool>(), prop::bool::weighted(0.2)).prop_map(
+            |(gap_ms, namespace, pool, early_retry)| Arrival {
+                gap_ms,
+                namespace,
+                pool,
+                early_retry,
+            },
+        ),
+        1..200,
+    )
+}
+
+/// Drives arrivals through the limiter with clients that come back at their slot
+/// (or once early, as a retry with a capped Retry-After would) and records charges.
+struct Run {
+    /// (time charged, namespace) for every logical request admitted.
+    charges: Vec<(u64, u8)>,
+    /// Reserved slots in the order they were handed out.
+    reserved_order: Vec<u64>,
+    admitted_requests: usize,
+    max_buckets_seen: usize,
+    limiter: Limiter,
+}
+
+fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival]) -> Run {
+    let rule: Arc<str> = Arc::from("rule");
+    let limits = [limit(events, window_ms, Scope::Global)];
+    let mut limiter = Limiter::new(64);
+    // (time, sequence, request index, is early retry)
+    let mut queue: BinaryHeap<Reverse<(u64, usize, usize, bool)>> = BinaryHeap::new();
+    let mut now = 0;
+    let identities: Vec<(Identity, String)> = input
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ns = format!("ns-{}", a.namespace);
+            let id = if a.pool {
+                Identity::Pool(format!("{ns}/rs-"))
+            } else {
+                Identity::Exact(format!("{ns}/pod-{i}"))
+            };
+            (id, ns)
+        })
+        .collect();
+    let mut seq = 0;
+    for (i, a) in input.iter().enumerate() {
+        now += a.gap_ms;
+        queue.push(Reverse((now, seq, i, false)));
+        seq += 1;
+    }
+    let mut run = Run {
+        charges: vec![],
+        reserved_order: vec![],
+        admitted_requests: 0,
+        max_buckets_seen: 0,
+        limiter: Limiter::new(1),
+    };
+    let mut steps = 0;
+    while let Some(Reverse((at, _, i, early))) = queue.pop() {
+        steps += 1;
+        assert!(steps < 100_000, "simulation did not settle");
+        let (identity, ns) = &identities[i];
+        let mut request = ask(&rule, &limits, ns, identity);
+        request.max_reserved_per_namespace = share;
+        match limiter.acquire(&request, at) {
+            Outcome::Admitted => {
+                run.charges.push((at, input[i].namespace));
+                run.admitted_requests += 1;
+            }
+            Outcome::Claimed { slot } => {
+                assert!(slot <= at);
+                run.charges.push((slot, input[i].namespace));
+                run.admitted_requests += 1;
+            }
+            Outcome::Reserved { slot } => {
+                if !early && !matches!(identity, Identity::Pool(_))
+                    || !run.reserved_order.contains(&slot)
+                {
+                    run.reserved_order.push(slot);
+                }
+                // Pool members are never told less than their full wait, so only exact ones come early.
+                let retry_at = if input[i].early_retry && !early && !input[i].pool {
+                    at + (slot - at) / 2
+                } else {
+                    slot
+                };
+                queue.push(Reverse((retry_at, seq, i, retry_at < slot)));
+                seq += 1;
+            }
+            Outcome::Refused { retry_at, .. } => {
+                assert!(retry_at > at);
+                queue.push(Reverse((retry_at, seq, i, false)));
+                seq += 1;
+            }
+        }
+        run.max_buckets_seen = run.max_buckets_seen.max(limiter.bucket_count());
+    }
+    run.limiter = limiter;
+    run
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn no_window_ever_holds_more_than_the_limit(
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
+    ) {
+        let run = drive(events, window_ms, share, &input);
+        let mut times: Vec<u64> = run.charges.iter().map(|c| c.0).collect();
+        times.sort_unstable();
+        for (i, &start) in times.iter().enumerate() {
+            let inside = times[i..].iter().take_while(|&&t| t < start + window_ms).count();
+            prop_assert!(inside as u32 <= events, "{} charges in [{start}, {})", inside, start + window_ms);
+        }
+    }
+
+    #[test]
+    fn every_request_is_admitted_once_and_reservations_are_fifo(
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
+    ) {
+        let run = drive(events, window_ms, share, &input);
+        // Every logical request got in exactly once: retries were not charged twice.
+        prop_assert_eq!(run.admitted_requests, input.len());
+        prop_assert_eq!(run.charges.len(), input.len());
+        // One global bucket: slots were handed out in non-decreasing order.
+        for pair in run.reserved_order.windows(2) {
+            prop_assert!(pair[0] <= pair[1], "reservation order {:?}", pair);
+        }
+    }
+
+    #[test]
+    fn memory_is_bounded_and_returns_to_zero(
+        events in 1u32..6, window_ms in 100u64..3_000, input in arrivals()
+    ) {
+        let mut run = drive(events, window_ms, 4, &input);
+        prop_assert!(run.max_buckets_seen <= 1);
+        let usage = run.limiter.sweep(u64::MAX / 4);
+        prop_assert_eq!((usage.buckets, usage.reservations), (0, 0));
+    }
+
+    #[test]
+    fn namespaced_buckets_never_exceed_the_cap(names in prop::collection::vec("[a-z]{1,12}", 1..400)) {
+        let rule: Arc<str> = Arc::from("r");
+        let limits = [limit(3, 10_000, Scope::Namespace), limit(2, 10_000, Scope::Owner)];
+        let mut limiter = Limiter::new(32);
+        for (i, name) in names.iter().enumerate() {
+            let id = exact(name);
+            let mut a = ask(&rule, &limits, name, &id);
+            a.owner = Some(name.as_str());
+            limiter.acquire(&a, i as u64);
+            // Two scoped limits may each add one overflow bucket beyond the cap.
+            prop_assert!(limiter.bucket_count() <= 32 + 2);
+            prop_assert!(limiter.reservation_count() <= 32);
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! Reads a policy from YAML and validates it, with errors that name the file and line.
+//! Unknown fields are errors, so a misspelt key never silently falls back to a default.
+
+use super::duration::{format_duration, serde_duration, serde_opt_duration};
+use super::{Action, ChurnKind, Exemptions, Limit, Match, Policy, Rule, Scope};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The policy used when `serve` gets no `--config`; documented in the README.
+pub const DEFAULT_POLICY_YAML: &str = include_str!("default-policy.yaml");
+
+const MAX_EVENTS: u32 = 1_000_000;
+const MIN_WINDOW: Duration = Duration::from_millis(100);
+const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{file}:{line}: {message}")]
+pub struct PolicyError {
+    pub file: String,
+    /// 1-based; 0 when the problem has no single place (an empty file).
+    pub line: usize,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawPolicy {
+    #[serde(default = "default_timeout_seconds")]
+    timeout_seconds: u64,
+    #[serde(default)]
+    rules: Vec<RawRule>,
+    #[serde(default)]
+    exempt: RawExempt,
+    #[serde(default = "default_max_buckets")]
+    max_buckets: usize,
+}
+
+fn default_timeout_seconds() -> u64 {
+    10
+}
+
+fn default_max_buckets() -> usize {
+    100_000
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawExempt {
+    #[serde(default)]
+    namespaces: Vec<String>,
+    #[serde(default)]
+    priority_classes: Vec<String>,
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRule {
+    name: String,
+    #[serde(rename = "match")]
+    matches: RawMatch,
+    limit: Option<RawLimit>,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+    action: String,
+    #[serde(default, with = "serde_opt_duration")]
+    max_hold: Option<Duration>,
+    max_not_ready: Option<u32>,
+    max_reserved_per_namespace: Option<u32>,
+    #[serde(default, with = "serde_opt_duration")]
+    max_retry_after: Option<Duration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawMatch {
+    resources: Vec<String>,
+    operations: Vec<String>,
+    #[serde(default)]
+    controller_kinds: Vec<String>,
+    #[serde(default)]
+    namespaces: Vec<String>,
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    exclude_users: Vec<String>,
+    #[serde(default)]
+    exclude_labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawLimit {
+    events: u32,
+    #[serde(with = "serde_duration")]
+    window: Duration,
+    #[serde(default = "default_scope")]
+    scope: RawScope,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawScope {
+    Global,
+    Namespace,
+    Owner,
+}
+
+fn default_scope() -> RawScope {
+    RawScope::Global
+}
+
+impl Policy {
+    /// Parses and validates a policy; `file` names it in errors.
+    pub fn from_yaml(text: &str, file: &str) -> Result<Policy, PolicyError> {
+        let error = |line: usize, message: String| PolicyError {
+            file: file.to_string(),
+            line,
+            message,
+        };
+        if text.trim().is_empty() {
+            return Err(error(0, "the policy file is empty".into()));
+        }
+        let raw: RawPolicy = serde_yaml::from_str(text).map_err(|e| {
+            let line = e.location().map(|l| l.line()).unwrap_or(0);
+            // serde_yaml appends "at line N column M"; the prefix already says where.
+            let message = e.to_string();
+            let message = match message.find(" at line ") {
+                Some(i) => message[..i].to_string(),
+                None => message,
+            };
+            error(line, message)
+        })?;
+        let locate = Locator { text };
+
+        if !(1..=30).contains(&raw.timeout_seconds) {
+            return Err(error(
+                locate.key(0, "timeoutSeconds"),
+                format!(
+                    "timeoutSeconds is {}, but Kubernetes accepts 1 to 30",
+                    raw.timeout_seconds
+                ),
+            ));
+        }
+        if raw.max_buckets < 16 {
+            return Err(error(
+                locate.key(0, "maxBuckets"),
+                format!("maxBuckets is {}, it must be at least 16", raw.max_buckets),
+            ));
+        }
+        let timeout = Duration::from_secs(raw.timeout_seconds);
+        let mut names = HashSet::new();
+        let mut rules = Vec::with_capacity(raw.rules.len());
+        for raw_rule in raw.rules {
+            let at = locate.rule(&raw_rule.name);
+            let rule = build_rule(raw_rule, timeout, &locate, at)
+                .map_err(|(line, message)| error(line, message))?;
+            if !names.insert(rule.name.clone()) {
+                return Err(error(
+                    at,
+                    format!("rule name {:?} is used twice", rule.name),
+                ));
+            }
+            rules.push(rule);
+        }
+        Ok(Policy {
+            timeout,
+            rules,
+            exempt: Exemptions {
+                namespaces: raw.exempt.namespaces,
+                priority_classes: raw.exempt.priority_classes,
+                users: raw.exempt.users,
+                groups: raw.exempt.groups,
+            },
+            max_buckets: raw.max_buckets,
+        })
+    }
+}
+
+fn build_rule(
+    raw: RawRule,
+    timeout: Duration,
+    locate: &Locator<'_>,
+    at: usize,
+) -> Result<Rule, (usize, String)> {
+    let name = raw.name.clone();
+    let fail =
+        |key: &str, message: String| (locate.key(at, key), format!("rule {name:?}: {message}"));
+
+    if name.is_empty()
+        || name.len() > 63
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(fail(
+            "name",
+            "the name must be 1 to 63 characters of a-z, 0-9 and '-' (it becomes a metric label)"
+                .into(),
+        ));
+    }
+
+    let action = match raw.action.as_str() {
+        "gate" => Action::Gate,
+        "partition" => Action::Partition,
+        "hold" => Action::Hold,
+        "retry-after" => Action::RetryAfter,
+        "deny" => Action::Deny,
+        "warn" => Action::Warn,
+        other => {
+            return Err(fail(
+                "action",
+                format!(
+                    "unknown action {other:?}; use gate, partition, hold, retry-after, deny or warn"
+                ),
+            ))
+        }
+    };
+
+    let kinds = resolve_kinds(&raw.matches.resources, &raw.matches.operations)
+        .map_err(|m| fail("resources", m))?;
+    if kinds.is_empty() {
+        return Err(fail(
+            "resources",
+            "no intercepted request matches these resources and operations \
+             (pods CREATE/DELETE, pods/eviction CREATE, statefulsets UPDATE)"
+                .into(),
+        ));
+    }
+    match action {
+        Action::Gate if kinds != [ChurnKind::PodCreate] => {
+            return Err(fail(
+                "action",
+                "gate applies only to pods CREATE; match resources: [pods], operations: [CREATE]"
+                    .into(),
+            ))
+        }
+        Action::Partition if kinds != [ChurnKind::StatefulSetUpdate] => {
+            return Err(fail(
+                "action",
+                "partition applies only to statefulsets UPDATE".into(),
+            ))
+        }
+        _ => {}
+    }
+
+    let mut raw_limits = raw.limits;
+    if let Some(limit) = raw.limit {
+        raw_limits.insert(0, limit);
+    }
+    if raw_limits.is_empty() {
+        return Err(fail(
+            "limit",
+            "a rule needs a limit: { events, window, scope }".into(),
+        ));
+    }
+    let mut limits = Vec::with_capacity(raw_limits.len());
+    for l in raw_limits {
+        if l.events == 0 || l.events > MAX_EVENTS {
+            return Err(fail(
+                "events",
+                format!("events is {}, it must be 1 to {MAX_EVENTS}", l.events),
+            ));
+        }
+        if l.window < MIN_WINDOW || l.window > MAX_WINDOW {
+            return Err(fail(
+                "window",
+                format!(
+                    "window is {}, it must be between {} and {}",
+                    format_duration(l.window),
+                    format_duration(MIN_WINDOW),
+                    format_duration(MAX_WINDOW)
+                ),
+            ));
+        }
+        let scope = match l.scope {
+            RawScope::Global => Scope::Global,
+            RawScope::Namespace => Scope::Namespace,
+            RawScope::Owner => Scope::Owner,
+        };
+        limits.push(Limit {
+            events: l.events,
+            window: l.window,
+            scope,
+        });
+    }
+    if action == Action::Partition && limits.iter().any(|l| l.scope == Scope::Owner) {
+        return Err(fail(
+            "scope",
+            "partition steps are paced per namespace or globally; owner scope does not apply"
+                .into(),
+        ));
+    }
+
+    let max_hold_limit = timeout / 2;
+    match (action, raw.max_hold) {
+        (Action::Hold, None) => {
+            return Err(fail(
+                "action",
+                "hold needs maxHold (e.g. maxHold: 3s)".into(),
+            ))
+        }
+        (Action::Hold | Action::RetryAfter, Some(h)) if h > max_hold_limit => {
+            return Err(fail(
+                "maxHold",
+                format!(
+                    "maxHold {} must be at most half of timeoutSeconds ({}), \
+                     so a held request never meets the webhook timeout",
+                    format_duration(h),
+                    format_duration(max_hold_limit)
+                ),
+            ))
+        }
+        (Action::Gate | Action::Partition | Action::Deny | Action::Warn, Some(_)) => {
+            return Err(fail(
+                "maxHold",
+                format!(
+                    "maxHold applies to hold and retry-after, not {}",
+                    action.as_str()
+                ),
+            ))
+        }
+        _ => {}
+    }
+    if raw.max_not_ready.is_some() && !action.is_mutating() {
+        return Err(fail(
+            "maxNotReady",
+            "maxNotReady applies to gate and partition, whose releases the releaser tracks".into(),
+        ));
+    }
+    if raw.max_not_ready == Some(0) {
+        return Err(fail("maxNotReady", "maxNotReady must be at least 1".into()));
+    }
+    let first_events = limits.first().map(|l| l.events).unwrap_or(1);
+    let max_reserved_per_namespace = raw.max_reserved_per_namespace.unwrap_or(first_events);
+    if max_reserved_per_namespace == 0 {
+        return Err(fail(
+            "maxReservedPerNamespace",
+            "maxReservedPerNamespace must be at least 1".into(),
+        ));
+    }
+    let max_retry_after = raw.max_retry_after.unwrap_or(Duration::from_secs(60));
+    if max_retry_after < Duration::from_secs(1) {
+        return Err(fail(
+            "maxRetryAfter",
+            "maxRetryAfter must be at least 1s (Retry-After counts whole seconds)".into(),
+        ));
+    }
+
+    Ok(Rule {
+        name: Arc::from(name.as_str()),
+        matches: Match {
+            kinds,
+            controller_kinds: raw.matches.controller_kinds,
+            namespaces: raw.matches.namespaces,
+            users: raw.matches.users,
+            exclude_users: raw.matches.exclude_users,
+            exclude_labels: raw.matches.exclude_labels,
+        },
+        limits,
+        action,
+        max_hold: raw.max_hold,
+        max_not_ready: raw.max_not_ready,
+        max_reserved_per_namespace,
+        max_retry_after,
+    })
+}
+
+fn resolve_kinds(resources: &[String], operations: &[String]) -> Result<Vec<ChurnKind>, String> {
+    for op in operations {
+        if !["CREATE", "DELETE", "UPDATE"].contains(&op.as_str()) {
+            return Err(format!(
+                "unknown operation {op:?}; use CREATE, DELETE or UPDATE"
+            ));
+        }
+    }
+    let has_op = |op: &str| operations.iter().any(|o| o == op);
+    let mut kinds = Vec::new();
+    for resource in resources {
+        match resource.as_str() {
+            "pods" => {
+                if has_op("CREATE") {
+                    kinds.push(ChurnKind::PodCreate);
+                }
+                if has_op("DELETE") {
+                    kinds.push(ChurnKind::PodDelete);
+                }
+            }
+            "pods/eviction" => {
+                if has_op("CREATE") {
+                    kinds.push(ChurnKind::Eviction);
+                }
+            }
+            "statefulsets" => {
+                if has_op("UPDATE") {
+                    kinds.push(ChurnKind::StatefulSetUpdate);
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown resource {other:?}; use pods, pods/eviction or statefulsets"
+                ))
+            }
+        }
+    }
+    kinds.sort();
+    kinds.dedup();
+    Ok(kinds)
+}
+
+/// Finds the line of a rule or key in the source, for errors found after parsing.
+struct Locator<'a> {
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    /// The 1-based line of `name: <rule name>`, or 0.
+    fn rule(&self, name: &str) -> usize {
+        self.text
+            .lines()
+            .position(|line| {
+                let line = line.trim_start().trim_start_matches("- ").trim_start();
+                line.strip_prefix("name:")
+                    .map(|v| v.trim().trim_matches(|c| c == '"' || c == '\'') == name)
+                    .unwrap_or(false)
+            })
+            .map(|i| i + 1)
+            .unwrap_or(0)
+    }
+
+    /// The first line at or after `from` (1-based; 0 = file start) that holds `key:`,
+    /// falling back to `from` itself.
+    fn key(&self, from: usize, key: &str) -> usize {
+        let start = from.saturating_sub(1);
+        let needle = format!("{key}:");
+        let flow_needle = format!(" {key}:");
+        self.text
+            .lines()
+            .enumerate()
+            .skip(start)
+            .take_while(|(i, line)| *i == start || !line.trim_start().starts_with("- name:"))
+            .find(|(_, line)| {
+                let t = line.trim_start().trim_start_matches("- ");
+                t.starts_with(&needle)
+                    || line.contains(&flow_needle)
+                    || line.contains(&format!("{{{key}:"))
+            })
+            .map(|(i, _)| i + 1)
+            .unwrap_or(from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_policy_is_valid() {
+        let policy = Policy::from_yaml(DEFAULT_POLICY_YAML, "default-policy.yaml")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(policy.rules.len() >= 3);
+        assert!(policy.exempt.namespaces.iter().any(|n| n == "kube-system"));
+    }
+
+    const BASE: &str = "rules:\n  - name: r1\n    match: { resources: [pods], operations: [DELETE] }\n    limit: { events: 5, window: 10s }\n    action: retry-after\n";
+
+    #[test]
+    fn errors_name_line_and_problem() {
+        // (case, yaml, expected line, text the message must contain)
+        let cases: &[(&str, String, usize, &str)] = &[
+            ("empty", "".into(), 0, "empty"),
+            (
+                "syntax",
+                "rules: [\n  - name: x\n".into(),
+                2,
+                "did not find expected",
+            ),
+            (
+                "unknown top-level key",
+                format!("{BASE}limits: 3\n"),
+                6,
+                "unknown field `limits`",
+            ),
+            (
+                "typo in rule",
+                BASE.replace("action: retry-after", "actoin: retry-after"),
+                5,
+                "unknown field `actoin`",
+            ),
+            (
+                "bad action",
+                BASE.replace("retry-after", "slow-down"),
+                5,
+                "unknown action",
+            ),
+            ("bad window", BASE.replace("10s", "10"), 4, "no unit"),
+            (
+                "zero events",
+                BASE.replace("events: 5", "events: 0"),
+                4,
+                "events is 0",
+            ),
+            (
+                "gate on delete",
+                BASE.replace("retry-after", "gate"),
+                5,
+                "gate applies only to pods CREATE",
+            ),
+            (
+                "hold without maxHold",
+                BASE.replace("retry-after", "hold"),
+                5,
+                "hold needs maxHold",
+            ),
+            (
+                "maxHold too long",
+                format!("{BASE}    maxHold: 6s\n"),
+                6,
+                "at most half of timeoutSeconds",
+            ),
+            (
+                "unknown resource",
+                BASE.replace("[pods]", "[deployments]"),
+                3,
+                "unknown resource",
+            ),
+            (
+                "duplicate name",
+                format!("{BASE}{}", BASE.replace("rules:\n", "")),
+                2,
+                "used twice",
+            ),
+            (
+                "timeout",
+                format!("timeoutSeconds: 31\n{BASE}"),
+                1,
+                "1 to 30",
+            ),
+            (
+                "maxNotReady on retry-after",
+                format!("{BASE}    maxNotReady: 3\n"),
+                6,
+                "maxNotReady applies",
+            ),
+        ];
+        for (case, yaml, line, needle) in cases {
+            match Policy::from_yaml(yaml, "policy.yaml") {
+                Ok(_) => panic!("case {case}: expected an error"),
+                Err(e) => {
+                    assert_eq!(e.file, "policy.yaml", "case {case}");
+                    assert_eq!(e.line, *line, "case {case}: {e}");
+                    assert!(e.message.contains(needle), "case {case}: {e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn limit_and_limits_combine() {
+        let yaml =
+            format!("{BASE}    limits:\n      - {{ events: 2, window: 1s, scope: namespace }}\n");
+        let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+        let rule = &policy.rules[0];
+        assert_eq!(rule.limits.len(), 2);
+        assert_eq!(rule.limits[0].scope, Scope::Global);
+        assert_eq!(rule.limits[1].scope, Scope::Namespace);
+        assert_eq!(rule.max_reserved_per_namespace, 5);
+    }
+}

@@ -1,0 +1,245 @@
+//! The policy: which disruptive requests are paced, by which limit, and how.
+//! Pure data and matching; parsing and validation live in `load`.
+
+mod duration;
+mod load;
+
+pub use duration::{format_duration, parse_duration};
+pub use load::{PolicyError, DEFAULT_POLICY_YAML};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The four kinds of request that DESIGN.md calls churn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChurnKind {
+    /// pods CREATE
+    PodCreate,
+    /// pods DELETE of a pod that is not yet terminating
+    PodDelete,
+    /// pods/eviction CREATE
+    Eviction,
+    /// statefulsets UPDATE (a partition decrease, or a template change for `partition`)
+    StatefulSetUpdate,
+}
+
+impl ChurnKind {
+    pub fn operation(self) -> &'static str {
+        match self {
+            ChurnKind::PodCreate | ChurnKind::Eviction => "CREATE",
+            ChurnKind::PodDelete => "DELETE",
+            ChurnKind::StatefulSetUpdate => "UPDATE",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    Global,
+    Namespace,
+    Owner,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Global => "global",
+            Scope::Namespace => "namespace",
+            Scope::Owner => "owner",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub events: u32,
+    pub window: Duration,
+    pub scope: Scope,
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} per {} ({})",
+            self.events,
+            format_duration(self.window),
+            self.scope.as_str()
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Admit the pod at once behind a scheduling gate; the releaser lifts it at the rate.
+    Gate,
+    /// Hold a StatefulSet rollout's partition; the releaser steps it down at the rate.
+    Partition,
+    /// Wait in the webhook for a slot closer than `maxHold`, else answer retry-after.
+    Hold,
+    /// Answer 429 with Retry-After (holding first when the rule sets `maxHold`).
+    RetryAfter,
+    /// Answer 429 without a retry hint (what plain rate-limiting webhooks do).
+    Deny,
+    /// Allow, with an admission warning.
+    Warn,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Gate => "gate",
+            Action::Partition => "partition",
+            Action::Hold => "hold",
+            Action::RetryAfter => "retry-after",
+            Action::Deny => "deny",
+            Action::Warn => "warn",
+        }
+    }
+
+    /// Gate and partition rewrite the object, so they run on /mutate; the rest on /validate.
+    pub fn is_mutating(self) -> bool {
+        matches!(self, Action::Gate | Action::Partition)
+    }
+}
+
+/// Which requests a rule applies to. Empty lists mean "any".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Match {
+    pub kinds: Vec<ChurnKind>,
+    /// Kinds of the pod's controller (ownerReference with controller: true), e.g. StatefulSet.
+    /// The pseudo kind `None` matches pods without a controller.
+    pub controller_kinds: Vec<String>,
+    pub namespaces: Vec<String>,
+    pub users: Vec<String>,
+    pub exclude_users: Vec<String>,
+    /// Objects carrying all of these labels are not matched (writers that pace themselves).
+    pub exclude_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub name: Arc<str>,
+    pub matches: Match,
+    /// A request must fit in every one of these buckets.
+    pub limits: Vec<Limit>,
+    pub action: Action,
+    /// For hold and retry-after: the longest wait served by holding the request.
+    pub max_hold: Option<Duration>,
+    /// For gate and partition: released pods of this rule that may be not Ready at once.
+    pub max_not_ready: Option<u32>,
+    /// Future slots one namespace may hold in one bucket, so no namespace starves another.
+    pub max_reserved_per_namespace: u32,
+    /// Retry-After answers never ask for more than this; the retry then keeps its slot.
+    pub max_retry_after: Duration,
+}
+
+impl Rule {
+    /// Whether the rule covers this request (exemptions are checked by the caller).
+    pub fn matches(&self, request: &RequestFacts<'_>) -> bool {
+        let m = &self.matches;
+        if !m.kinds.contains(&request.kind) {
+            return false;
+        }
+        if !m.controller_kinds.is_empty() {
+            let kind = request.controller_kind.unwrap_or("None");
+            if !m.controller_kinds.iter().any(|k| k == kind) {
+                return false;
+            }
+        }
+        if !m.namespaces.is_empty() && !m.namespaces.iter().any(|n| n == request.namespace) {
+            return false;
+        }
+        if !m.users.is_empty() && !m.users.iter().any(|u| u == request.user) {
+            return false;
+        }
+        if m.exclude_users.iter().any(|u| u == request.user) {
+            return false;
+        }
+        if !m.exclude_labels.is_empty()
+            && m.exclude_labels
+                .iter()
+                .all(|(k, v)| request.labels.get(k) == Some(v))
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// What matching needs to know of a request; borrowed from the classified request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestFacts<'a> {
+    pub kind: ChurnKind,
+    pub namespace: &'a str,
+    pub user: &'a str,
+    pub groups: &'a [String],
+    pub controller_kind: Option<&'a str>,
+    pub priority_class: Option<&'a str>,
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exemptions {
+    pub namespaces: Vec<String>,
+    pub priority_classes: Vec<String>,
+    pub users: Vec<String>,
+    pub groups: Vec<String>,
+}
+
+impl Exemptions {
+    /// The reason a request is exempt, if it is.
+    pub fn exempts(&self, request: &RequestFacts<'_>) -> Option<&'static str> {
+        if self.namespaces.iter().any(|n| n == request.namespace) {
+            return Some("namespace");
+        }
+        if let Some(pc) = request.priority_class {
+            if self.priority_classes.iter().any(|p| p == pc) {
+                return Some("priority-class");
+            }
+        }
+        if self.users.iter().any(|u| u == request.user) {
+            return Some("user");
+        }
+        if request.groups.iter().any(|g| self.groups.contains(g)) {
+            return Some("group");
+        }
+        None
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// The webhook configurations' timeoutSeconds; holds and the server deadline fit inside.
+    pub timeout: Duration,
+    pub rules: Vec<Rule>,
+    pub exempt: Exemptions,
+    /// Upper bound on live limiter buckets, whatever the input.
+    pub max_buckets: usize,
+}
+
+impl Policy {
+    /// The first rule that covers the request on the given endpoint.
+    pub fn rule_for(&self, request: &RequestFacts<'_>, mutating: bool) -> Option<&Rule> {
+        self.rules
+            .iter()
+            .filter(|r| r.action.is_mutating() == mutating)
+            .find(|r| r.matches(request))
+    }
+
+    /// The built-in policy used when no file is given.
+    pub fn builtin() -> Policy {
+        // The embedded file is validated by a unit test, so this cannot fail at run time.
+        Policy::from_yaml(DEFAULT_POLICY_YAML, "<built-in>").unwrap_or_else(|e| {
+            panic!("built-in policy is invalid: {e}");
+        })
+    }
+
+    /// The server's deadline for one review: a second inside the webhook timeout.
+    pub fn server_deadline(&self) -> Duration {
+        self.timeout
+            .saturating_sub(Duration::from_secs(1))
+            .max(Duration::from_millis(500))
+    }
+}
