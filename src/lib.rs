@@ -1,5 +1,10 @@
 //! churn-throttler: an admission webhook that paces pod churn cluster-wide.
 //! The decision code (policy, limiter, admission) is pure; server and cli are the shells.
 
+pub mod admission;
+pub mod cli;
 pub mod limiter;
+pub mod metrics;
 pub mod policy;
+pub mod serve;
+pub mod server;

@@ -47,36 +47,25 @@ pub fn format_duration(duration: Duration) -> String {
 }
 
 pub mod serde_duration {
-    use super::{format_duration, parse_duration};
-    use serde::{Deserialize, Deserializer, Serializer};
+    use super::parse_duration;
+    use serde::{Deserialize, Deserializer};
     use std::time::Duration;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         parse_duration(&text).map_err(serde::de::Error::custom)
     }
-
-    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format_duration(*value))
-    }
 }
 
 pub mod serde_opt_duration {
-    use super::{format_duration, parse_duration};
-    use serde::{Deserialize, Deserializer, Serializer};
+    use super::parse_duration;
+    use serde::{Deserialize, Deserializer};
     use std::time::Duration;
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         let text = Option::<String>::deserialize(d)?;
         text.map(|t| parse_duration(&t).map_err(serde::de::Error::custom))
             .transpose()
-    }
-
-    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(v) => s.serialize_str(&format_duration(*v)),
-            None => s.serialize_none(),
-        }
     }
 }
 

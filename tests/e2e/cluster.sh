@@ -6,6 +6,7 @@
 # Usage as a command:
 #   tests/e2e/cluster.sh up   WORKDIR [NODES]   # default NODES=3 (or $CLUSTER_NODES)
 #   tests/e2e/cluster.sh down WORKDIR           # safe to call twice, or after a failed up
+#   tests/e2e/cluster.sh issue-serving-cert WORKDIR NAME   # CA-signed cert for 127.0.0.1
 #
 # Usage as a library:
 #   source tests/e2e/cluster.sh
@@ -416,6 +417,25 @@ _cl_nodes_untainted() {
   ! "$@" get nodes -o jsonpath='{range .items[*]}{.spec.taints[*].key}{"\n"}{end}' | grep -q 'node.kubernetes.io/not-ready'
 }
 
+# cluster_issue_serving_cert WORKDIR NAME: signs a serving certificate for
+# 127.0.0.1/localhost with the cluster CA (e.g. for a webhook registered with
+# clientConfig.url https://127.0.0.1:PORT/... and caBundle = base64 of
+# $CLUSTER_CA_FILE). Writes WORKDIR/pki/NAME.crt and NAME.key and prints both paths.
+cluster_issue_serving_cert() (
+  set -uo pipefail
+  local w="${1:?usage: cluster_issue_serving_cert WORKDIR NAME}" name="${2:?NAME}"
+  local pki="$w/pki"
+  [[ -s "$pki/ca.key" ]] || { _cl_log "ERROR: no CA in $pki (run up first)"; return 1; }
+  openssl req -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -out "$pki/$name.csr" \
+    -subj "/CN=$name" 2>/dev/null || return 1
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1,DNS:localhost" >"$pki/$name.ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -out "$pki/$name.crt" -days 30 -extfile "$pki/$name.ext" 2>/dev/null || return 1
+  chmod 600 "$pki/$name.key"
+  echo "$pki/$name.crt $pki/$name.key"
+)
+
 cluster_down() {
   local w="${1:?usage: cluster_down WORKDIR}"
   [[ -f "$w/pids" ]] || return 0
@@ -451,6 +471,7 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
   case "${1:-}" in
     up) shift; cluster_up "$@" ;;
     down) shift; cluster_down "$@" ;;
-    *) echo "usage: $0 up WORKDIR [NODES] | down WORKDIR" >&2; exit 2 ;;
+    issue-serving-cert) shift; cluster_issue_serving_cert "$@" ;;
+    *) echo "usage: $0 up WORKDIR [NODES] | down WORKDIR | issue-serving-cert WORKDIR NAME" >&2; exit 2 ;;
   esac
 fi

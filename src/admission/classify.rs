@@ -1,0 +1,341 @@
+//! Turns an AdmissionRequest into the facts the policy and limiter need.
+//! Decides what is churn at all: a terminating pod's final DELETE, for one, never is.
+
+use crate::limiter::Identity;
+use crate::policy::ChurnKind;
+use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::DynamicObject;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The scheduling gate churn-throttler adds and only it removes.
+pub const GATE_NAME: &str = "churn-throttler.io/paced";
+/// Annotation naming the rule that gated a pod, for the releaser.
+pub const GATED_BY_ANNOTATION: &str = "churn-throttler.io/gated-by";
+/// Annotation holding the partition a writer asked for while churn-throttler holds it.
+pub const PARTITION_TARGET_ANNOTATION: &str = "churn-throttler.io/partition-target";
+/// Annotation holding the partition churn-throttler set; an update that writes the same
+/// value into both is a release step, not a writer moving the target.
+pub const PARTITION_HELD_ANNOTATION: &str = "churn-throttler.io/partition-held";
+
+/// Why a request is allowed without consulting the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PassReason {
+    /// DELETE of a pod that already has deletionTimestamp (the final grace-0 delete).
+    AlreadyTerminating,
+    /// DELETE of a pod that never ran or has finished: no endpoints change.
+    NotRunning,
+    /// A StatefulSet UPDATE that releases no pod.
+    NoPodReleased,
+    /// A kind, subresource or operation churn-throttler does not pace.
+    Unhandled,
+}
+
+impl PassReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PassReason::AlreadyTerminating => "already-terminating",
+            PassReason::NotRunning => "not-running",
+            PassReason::NoPodReleased => "no-pod-released",
+            PassReason::Unhandled => "unhandled",
+        }
+    }
+}
+
+/// What a StatefulSet UPDATE changes, as far as pacing cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatefulSetChange {
+    pub uid: String,
+    pub rolling_update: bool,
+    pub template_changed: bool,
+    pub replicas: u32,
+    /// Effective partitions (bounded by replicas) before and after.
+    pub old_partition: u32,
+    pub new_partition: u32,
+    /// The partition field as written in the new object (None when absent).
+    pub written_partition: Option<u32>,
+    /// Whether `spec.updateStrategy.rollingUpdate` exists in the new object.
+    pub has_rolling_update_block: bool,
+    /// The target annotation of the old object, if a paced rollout is in progress.
+    pub old_target: Option<u32>,
+    pub new_target_annotation: Option<String>,
+    pub new_held_annotation: Option<u32>,
+    pub has_annotations: bool,
+    pub update_pending: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChurnRequest {
+    pub kind: ChurnKind,
+    pub namespace: String,
+    /// Empty for a pod CREATE with generateName, as mutating webhooks see it.
+    pub name: String,
+    pub user: String,
+    pub groups: Vec<String>,
+    pub controller_kind: Option<String>,
+    pub controller_uid: Option<String>,
+    pub priority_class: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub identity: Identity,
+    pub cost: u32,
+    pub dry_run: bool,
+    /// pods CREATE: the pod is already bound to a node and must not be gated.
+    pub node_name_set: bool,
+    /// pods CREATE: scheduling gates already present (to add ours correctly).
+    pub scheduling_gates: Vec<String>,
+    pub has_annotations: bool,
+    pub statefulset: Option<StatefulSetChange>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classified {
+    Churn(Box<ChurnRequest>),
+    Pass(PassReason),
+}
+
+fn resource_of(req: &AdmissionRequest<DynamicObject>) -> (&str, &str, &str) {
+    // With matchPolicy: Equivalent the request may arrive converted; the group and
+    // resource names are what identify it, not the version.
+    (
+        req.resource.group.as_str(),
+        req.resource.resource.as_str(),
+        req.sub_resource.as_deref().unwrap_or(""),
+    )
+}
+
+pub fn classify(req: &AdmissionRequest<DynamicObject>) -> Classified {
+    let (group, resource, sub) = resource_of(req);
+    match (group, resource, sub, &req.operation) {
+        ("", "pods", "", Operation::Create) => pod_create(req),
+        ("", "pods", "", Operation::Delete) => pod_delete(req),
+        ("", "pods", "eviction", Operation::Create) => eviction(req),
+        ("apps", "statefulsets", "", Operation::Update) => statefulset_update(req),
+        _ => Classified::Pass(PassReason::Unhandled),
+    }
+}
+
+fn base(
+    req: &AdmissionRequest<DynamicObject>,
+    kind: ChurnKind,
+    identity: Identity,
+) -> ChurnRequest {
+    ChurnRequest {
+        kind,
+        namespace: req.namespace.clone().unwrap_or_default(),
+        name: req.name.clone(),
+        user: req.user_info.username.clone().unwrap_or_default(),
+        groups: req.user_info.groups.clone().unwrap_or_default(),
+        controller_kind: None,
+        controller_uid: None,
+        priority_class: None,
+        labels: BTreeMap::new(),
+        identity,
+        cost: 1,
+        dry_run: req.dry_run,
+        node_name_set: false,
+        scheduling_gates: Vec::new(),
+        has_annotations: false,
+        statefulset: None,
+    }
+}
+
+fn fill_from_object(churn: &mut ChurnRequest, object: &DynamicObject) {
+    let meta = &object.metadata;
+    if let Some(owner) = meta
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+    {
+        churn.controller_kind = Some(owner.kind.clone());
+        churn.controller_uid = Some(owner.uid.clone());
+    }
+    churn.labels = meta.labels.clone().unwrap_or_default();
+    churn.has_annotations = meta.annotations.is_some();
+    churn.priority_class = str_at(&object.data, &["spec", "priorityClassName"]).map(str::to_string);
+}
+
+fn pod_create(req: &AdmissionRequest<DynamicObject>) -> Classified {
+    let Some(pod) = req.object.as_ref() else {
+        return Classified::Pass(PassReason::Unhandled);
+    };
+    let namespace = req.namespace.clone().unwrap_or_default();
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| req.name.clone());
+    let generate_name = pod.metadata.generate_name.clone().unwrap_or_default();
+    let mut churn = base(req, ChurnKind::PodCreate, Identity::Exact(String::new()));
+    fill_from_object(&mut churn, pod);
+    churn.name = name.clone();
+    // StatefulSet pods have stable names; ReplicaSet pods only a generateName until
+    // persisted, and several may be created at once: they share a pool.
+    churn.identity = if !name.is_empty() {
+        Identity::Exact(format!("pod-create:{namespace}/{name}"))
+    } else {
+        let owner = churn.controller_uid.clone().unwrap_or_default();
+        Identity::Pool(format!("pod-create:{namespace}/{owner}/{generate_name}"))
+    };
+    churn.node_name_set = str_at(&pod.data, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
+    churn.scheduling_gates = pod
+        .data
+        .pointer("/spec/schedulingGates")
+        .and_then(Value::as_array)
+        .map(|gates| {
+            gates
+                .iter()
+                .filter_map(|g| g.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    Classified::Churn(Box::new(churn))
+}
+
+fn pod_delete(req: &AdmissionRequest<DynamicObject>) -> Classified {
+    let namespace = req.namespace.clone().unwrap_or_default();
+    let identity = Identity::Exact(format!("pod-delete:{namespace}/{}", req.name));
+    let mut churn = base(req, ChurnKind::PodDelete, identity);
+    if let Some(pod) = req.old_object.as_ref() {
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Classified::Pass(PassReason::AlreadyTerminating);
+        }
+        let phase = str_at(&pod.data, &["status", "phase"]).unwrap_or("");
+        let on_node = str_at(&pod.data, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
+        if !on_node || phase == "Succeeded" || phase == "Failed" {
+            return Classified::Pass(PassReason::NotRunning);
+        }
+        fill_from_object(&mut churn, pod);
+    }
+    Classified::Churn(Box::new(churn))
+}
+
+fn eviction(req: &AdmissionRequest<DynamicObject>) -> Classified {
+    // The object is the Eviction, not the pod: the pod's owner is not known here.
+    let namespace = req.namespace.clone().unwrap_or_default();
+    let identity = Identity::Exact(format!("eviction:{namespace}/{}", req.name));
+    Classified::Churn(Box::new(base(req, ChurnKind::Eviction, identity)))
+}
+
+fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
+    let (Some(new), Some(old)) = (req.object.as_ref(), req.old_object.as_ref()) else {
+        return Classified::Pass(PassReason::Unhandled);
+    };
+    let uid = new.metadata.uid.clone().unwrap_or_default();
+    let mut churn = base(
+        req,
+        ChurnKind::StatefulSetUpdate,
+        Identity::Exact(format!("statefulset:{uid}")),
+    );
+    fill_from_object(&mut churn, new);
+    churn.controller_kind = None;
+    churn.controller_uid = Some(uid.clone());
+
+    let replicas = u32_at(&new.data, "/spec/replicas").unwrap_or(1);
+    let old_replicas = u32_at(&old.data, "/spec/replicas").unwrap_or(1);
+    let strategy = |o: &DynamicObject| {
+        str_at(&o.data, &["spec", "updateStrategy", "type"])
+            .unwrap_or("RollingUpdate")
+            .to_string()
+    };
+    let rolling_update = strategy(new) == "RollingUpdate";
+    let written_partition = u32_at(&new.data, "/spec/updateStrategy/rollingUpdate/partition");
+    let old_partition = u32_at(&old.data, "/spec/updateStrategy/rollingUpdate/partition")
+        .unwrap_or(0)
+        .min(old_replicas);
+    let new_partition = written_partition.unwrap_or(0).min(replicas);
+    let template_changed = templates_differ(
+        old.data.pointer("/spec/template"),
+        new.data.pointer("/spec/template"),
+    );
+    let update_pending = {
+        let current = str_at(&old.data, &["status", "currentRevision"]);
+        let update = str_at(&old.data, &["status", "updateRevision"]);
+        current.is_none() || update.is_none() || current != update
+    };
+    let annotation_of = |o: &DynamicObject, key: &str| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key).cloned())
+    };
+    let annotation = |o: &DynamicObject| annotation_of(o, PARTITION_TARGET_ANNOTATION);
+    let change = StatefulSetChange {
+        uid,
+        rolling_update,
+        template_changed,
+        replicas,
+        old_partition,
+        new_partition,
+        written_partition,
+        has_rolling_update_block: new
+            .data
+            .pointer("/spec/updateStrategy/rollingUpdate")
+            .is_some_and(Value::is_object),
+        old_target: annotation(old).and_then(|v| v.parse().ok()),
+        new_target_annotation: annotation(new),
+        new_held_annotation: annotation_of(new, PARTITION_HELD_ANNOTATION)
+            .and_then(|v| v.parse().ok()),
+        has_annotations: new.metadata.annotations.is_some(),
+        update_pending,
+    };
+    // Pods the update lets the controller re-create: with a new template, every ordinal
+    // at or above the partition; otherwise the ordinals a lower partition releases.
+    churn.cost = if !rolling_update {
+        0
+    } else if template_changed {
+        replicas - new_partition
+    } else if update_pending {
+        old_partition.saturating_sub(new_partition)
+    } else {
+        0
+    };
+    churn.statefulset = Some(change);
+    Classified::Churn(Box::new(churn))
+}
+
+/// Semantic comparison of pod templates: the controller ignores metadata it does not
+/// hash into the revision only in rare cases, so compare the whole template but treat
+/// a missing map/list and an empty one as equal (defaults a re-apply may drop).
+pub fn templates_differ(old: Option<&Value>, new: Option<&Value>) -> bool {
+    !values_equivalent(old.unwrap_or(&Value::Null), new.unwrap_or(&Value::Null))
+}
+
+fn values_equivalent(a: &Value, b: &Value) -> bool {
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().all(|k| match (x.get(k), y.get(k)) {
+                (Some(p), Some(q)) => values_equivalent(p, q),
+                (Some(v), None) | (None, Some(v)) => empty(v),
+                (None, None) => true,
+            })
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| values_equivalent(p, q))
+        }
+        _ if empty(a) && empty(b) => true,
+        _ => a == b,
+    }
+}
+
+fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = value;
+    for key in path {
+        cur = cur.get(key)?;
+    }
+    cur.as_str()
+}
+
+fn u32_at(value: &Value, pointer: &str) -> Option<u32> {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .map(|v| v.min(u32::MAX as u64) as u32)
+}

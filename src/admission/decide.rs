@@ -1,0 +1,464 @@
+//! The decision on one admission request: policy + limiter state + now -> verdict.
+//! Pure: the caller supplies `now` and performs any waiting a `Hold` asks for.
+
+use super::classify::{
+    classify, ChurnRequest, Classified, PassReason, StatefulSetChange, GATED_BY_ANNOTATION,
+    GATE_NAME, PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+};
+use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome};
+use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
+use json_patch::{AddOperation, Patch, PatchOperation};
+use jsonptr::PointerBuf;
+use kube::core::admission::AdmissionRequest;
+use kube::core::DynamicObject;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Validate,
+    Mutate,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::Validate => "validate",
+            Endpoint::Mutate => "mutate",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Not churn, or not ours to pace.
+    Pass(PassReason),
+    /// Churn, but exempt by the policy (the reason names which exemption).
+    Exempt(&'static str),
+    /// Churn that no rule covers on this endpoint.
+    NoRule,
+    /// Fits now (or used its reserved slot).
+    Admitted,
+    /// Wait in the webhook until `until`, then allow; the slot is already taken.
+    Hold { until: Millis },
+    /// 429 with Retry-After.
+    RetryAfter { seconds: u32, slot: Millis },
+    /// 429 without a retry hint.
+    Deny { wait_ms: Millis },
+    /// Allowed over the limit, with a warning.
+    Warn { wait_ms: Millis },
+    /// Admitted behind churn-throttler's scheduling gate.
+    Gate { patch: Patch },
+    /// Admitted with the rollout's partition held; the releaser steps it down.
+    HoldPartition {
+        patch: Patch,
+        target: u32,
+        held: u32,
+    },
+}
+
+impl Verdict {
+    /// The bounded label used in metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Verdict::Pass(_) => "pass",
+            Verdict::Exempt(_) => "exempt",
+            Verdict::NoRule => "no-rule",
+            Verdict::Admitted => "allow",
+            Verdict::Hold { .. } => "hold",
+            Verdict::RetryAfter { .. } => "retry-after",
+            Verdict::Deny { .. } => "deny",
+            Verdict::Warn { .. } => "warn",
+            Verdict::Gate { .. } => "gate",
+            Verdict::HoldPartition { .. } => "partition",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub rule: Option<Arc<str>>,
+    pub kind: Option<ChurnKind>,
+    /// A sentence for the person reading kubectl output (denials and warnings).
+    pub message: Option<String>,
+}
+
+impl Decision {
+    fn bare(verdict: Verdict, kind: Option<ChurnKind>) -> Decision {
+        Decision {
+            verdict,
+            rule: None,
+            kind,
+            message: None,
+        }
+    }
+}
+
+pub fn decide(
+    req: &AdmissionRequest<DynamicObject>,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    now: Millis,
+) -> Decision {
+    let churn = match classify(req) {
+        Classified::Pass(reason) => return Decision::bare(Verdict::Pass(reason), None),
+        Classified::Churn(churn) => churn,
+    };
+    decide_churn(&churn, endpoint, policy, limiter, now)
+}
+
+pub fn decide_churn(
+    churn: &ChurnRequest,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    now: Millis,
+) -> Decision {
+    let kind = Some(churn.kind);
+    let facts = RequestFacts {
+        kind: churn.kind,
+        namespace: &churn.namespace,
+        user: &churn.user,
+        groups: &churn.groups,
+        controller_kind: churn.controller_kind.as_deref(),
+        priority_class: churn.priority_class.as_deref(),
+        labels: &churn.labels,
+    };
+    if let Some(reason) = policy.exempt.exempts(&facts) {
+        return Decision::bare(Verdict::Exempt(reason), kind);
+    }
+    let Some(rule) = policy.rule_for(&facts, endpoint == Endpoint::Mutate) else {
+        return Decision::bare(Verdict::NoRule, kind);
+    };
+    let decided = |verdict: Verdict, message: Option<String>| Decision {
+        verdict,
+        rule: Some(rule.name.clone()),
+        kind,
+        message,
+    };
+
+    if rule.action == Action::Partition {
+        return match partition_verdict(churn) {
+            Some(verdict) => {
+                let message = match &verdict {
+                    Verdict::HoldPartition { target, held, .. } => Some(format!(
+                        "churn-throttler: rule {:?} holds this rollout's partition at {held} and lowers it \
+                         to {target} at {}, one pod at a time",
+                        rule.name,
+                        rate(rule)
+                    )),
+                    _ => None,
+                };
+                decided(verdict, message)
+            }
+            None => decided(Verdict::Pass(PassReason::NoPodReleased), None),
+        };
+    }
+    if churn.kind == ChurnKind::StatefulSetUpdate && churn.cost == 0 {
+        return decided(Verdict::Pass(PassReason::NoPodReleased), None);
+    }
+
+    let owner = churn.controller_uid.as_deref();
+    let ask = |reserve: bool| Ask {
+        rule: &rule.name,
+        limits: &rule.limits,
+        namespace: &churn.namespace,
+        owner,
+        identity: &churn.identity,
+        cost: churn.cost,
+        reserve,
+        dry_run: churn.dry_run,
+        max_reserved_per_namespace: rule.max_reserved_per_namespace,
+    };
+
+    match rule.action {
+        Action::Gate => {
+            if churn.scheduling_gates.iter().any(|g| g == GATE_NAME) {
+                return decided(Verdict::Admitted, None);
+            }
+            if churn.node_name_set {
+                // Validation rejects gates on a bound pod: count it, let it through.
+                if !churn.dry_run {
+                    limiter.record(
+                        &rule.name,
+                        &rule.limits,
+                        &churn.namespace,
+                        owner,
+                        now,
+                        churn.cost,
+                    );
+                }
+                return decided(Verdict::Admitted, None);
+            }
+            match limiter.acquire(&ask(false), now) {
+                Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+                Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
+                    let wait = slot.saturating_sub(now);
+                    decided(
+                        Verdict::Gate { patch: gate_patch(churn, &rule.name) },
+                        Some(format!(
+                            "churn-throttler: rule {:?} paces pod creation to {}; this pod waits behind \
+                             the scheduling gate {GATE_NAME} (about {} now)",
+                            rule.name,
+                            rate(rule),
+                            format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000))
+                        )),
+                    )
+                }
+            }
+        }
+        Action::Hold | Action::RetryAfter => match limiter.acquire(&ask(true), now) {
+            Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+            Outcome::Reserved { slot } => {
+                let wait = slot - now;
+                if rule
+                    .max_hold
+                    .is_some_and(|h| wait <= h.as_millis() as Millis)
+                {
+                    limiter.consume(&rule.name, &churn.identity);
+                    return decided(Verdict::Hold { until: slot }, None);
+                }
+                let seconds = retry_seconds(rule, &churn.identity, wait);
+                decided(
+                    Verdict::RetryAfter { seconds, slot },
+                    Some(throttled_message(rule, churn, wait, Some(seconds))),
+                )
+            }
+            Outcome::Refused { retry_at, .. } => {
+                let wait = retry_at.saturating_sub(now).max(1);
+                let seconds = retry_seconds(rule, &churn.identity, wait);
+                decided(
+                    Verdict::RetryAfter {
+                        seconds,
+                        slot: retry_at,
+                    },
+                    Some(throttled_message(rule, churn, wait, Some(seconds))),
+                )
+            }
+        },
+        Action::Deny => match limiter.acquire(&ask(false), now) {
+            Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+            Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
+                let wait = slot.saturating_sub(now);
+                decided(
+                    Verdict::Deny { wait_ms: wait },
+                    Some(throttled_message(rule, churn, wait, None)),
+                )
+            }
+        },
+        Action::Warn => match limiter.acquire(&ask(false), now) {
+            Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+            Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
+                if !churn.dry_run {
+                    limiter.record(
+                        &rule.name,
+                        &rule.limits,
+                        &churn.namespace,
+                        owner,
+                        now,
+                        churn.cost,
+                    );
+                }
+                let wait = slot.saturating_sub(now);
+                decided(
+                    Verdict::Warn { wait_ms: wait },
+                    Some(format!(
+                        "churn-throttler (warn only): rule {:?} allows {}; enforcing it would delay this {} by {}s",
+                        rule.name,
+                        rate(rule),
+                        describe(churn),
+                        round_up_secs(wait)
+                    )),
+                )
+            }
+        },
+        // Handled above; kept for exhaustiveness.
+        Action::Partition => decided(Verdict::Pass(PassReason::NoPodReleased), None),
+    }
+}
+
+fn rate(rule: &Rule) -> String {
+    rule.limits
+        .iter()
+        .map(|l| l.to_string())
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+fn round_up_secs(ms: Millis) -> u32 {
+    (ms.div_ceil(1000)).clamp(1, u32::MAX as u64) as u32
+}
+
+/// Whole seconds (at least 1) for Retry-After. Exact identities are capped by
+/// `maxRetryAfter` (their early retry keeps its slot); pool members get the full wait,
+/// since an early pool retry cannot be told apart from a new pod.
+fn retry_seconds(rule: &Rule, identity: &Identity, wait: Millis) -> u32 {
+    let wait = match identity {
+        Identity::Exact(_) => wait.min(rule.max_retry_after.as_millis() as Millis),
+        Identity::Pool(_) => wait,
+    };
+    round_up_secs(wait)
+}
+
+fn describe(churn: &ChurnRequest) -> String {
+    let what = match churn.kind {
+        ChurnKind::PodCreate => "pod creation",
+        ChurnKind::PodDelete => "pod deletion",
+        ChurnKind::Eviction => "eviction",
+        ChurnKind::StatefulSetUpdate => "StatefulSet update",
+    };
+    if churn.name.is_empty() {
+        what.to_string()
+    } else {
+        format!("{what} of {}/{}", churn.namespace, churn.name)
+    }
+}
+
+fn throttled_message(
+    rule: &Rule,
+    churn: &ChurnRequest,
+    wait: Millis,
+    retry: Option<u32>,
+) -> String {
+    let head = format!(
+        "churn-throttler: rule {:?} allows {}; this {} has to wait {}s",
+        rule.name,
+        rate(rule),
+        describe(churn),
+        round_up_secs(wait)
+    );
+    match retry {
+        Some(seconds) => format!("{head}, retry after {seconds}s (the request keeps its place)"),
+        None => format!("{head} (denied without retry: the action of this rule is deny)"),
+    }
+}
+
+fn gate_patch(churn: &ChurnRequest, rule: &str) -> Patch {
+    let mut ops = Vec::new();
+    let gate = json!({ "name": GATE_NAME });
+    if churn.scheduling_gates.is_empty() {
+        ops.push(add("/spec/schedulingGates", json!([gate])));
+    } else {
+        ops.push(add("/spec/schedulingGates/-", gate));
+    }
+    ops.extend(annotation_ops(
+        churn.has_annotations,
+        GATED_BY_ANNOTATION,
+        rule,
+    ));
+    Patch(ops)
+}
+
+fn annotation_ops(has_annotations: bool, key: &str, value: &str) -> Vec<PatchOperation> {
+    if has_annotations {
+        vec![add(
+            &format!(
+                "/metadata/annotations/{}",
+                key.replace('~', "~0").replace('/', "~1")
+            ),
+            json!(value),
+        )]
+    } else {
+        vec![add("/metadata/annotations", json!({ key: value }))]
+    }
+}
+
+fn add(path: &str, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::parse(path).unwrap_or_default(),
+        value,
+    })
+}
+
+/// The partition action on a StatefulSet UPDATE: None when pacing does not apply.
+fn partition_verdict(churn: &ChurnRequest) -> Option<Verdict> {
+    let change = churn.statefulset.as_ref()?;
+    if !change.rolling_update {
+        return None;
+    }
+    let plan = plan_partition(change)?;
+    let unchanged = change.written_partition == Some(plan.held)
+        && change.new_held_annotation == Some(plan.held)
+        && change.new_target_annotation == Some(plan.target.to_string());
+    if unchanged {
+        return None;
+    }
+    Some(Verdict::HoldPartition {
+        patch: partition_patch(change, plan.held, plan.target),
+        target: plan.target,
+        held: plan.held,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionPlan {
+    pub held: u32,
+    pub target: u32,
+}
+
+/// What the mutation of a StatefulSet UPDATE should hold, given the change.
+/// A paced rollout is in progress when the old object carries the target annotation.
+pub fn plan_partition(c: &StatefulSetChange) -> Option<PartitionPlan> {
+    let written = c.written_partition.unwrap_or(0);
+    let in_progress = c.old_target.is_some();
+    if in_progress && !c.template_changed && c.new_held_annotation == Some(written) {
+        // The releaser's own step: it writes the partition and the held annotation together.
+        return None;
+    }
+    // What the writer asked for: while paced, an unchanged partition field means the
+    // writer did not touch it, so the recorded target still stands.
+    let intent = match (in_progress, c.old_target) {
+        (true, Some(target)) if written == c.old_partition => target,
+        _ => written,
+    };
+    if c.template_changed {
+        if intent >= c.replicas {
+            return None;
+        }
+        return Some(PartitionPlan {
+            held: c.replicas,
+            target: intent,
+        });
+    }
+    if !in_progress {
+        return None;
+    }
+    if intent >= c.old_partition {
+        // The writer raised the partition itself: nothing left to pace below it.
+        return None;
+    }
+    Some(PartitionPlan {
+        held: c.old_partition,
+        target: intent,
+    })
+}
+
+fn partition_patch(c: &StatefulSetChange, held: u32, target: u32) -> Patch {
+    let mut ops = Vec::new();
+    if c.has_rolling_update_block {
+        ops.push(add(
+            "/spec/updateStrategy/rollingUpdate/partition",
+            json!(held),
+        ));
+    } else {
+        ops.push(add(
+            "/spec/updateStrategy",
+            json!({ "type": "RollingUpdate", "rollingUpdate": { "partition": held } }),
+        ));
+    }
+    ops.extend(annotation_ops(
+        c.has_annotations,
+        PARTITION_TARGET_ANNOTATION,
+        &target.to_string(),
+    ));
+    // The first annotation op may have created the map; the second adds into it.
+    ops.extend(annotation_ops(
+        true,
+        PARTITION_HELD_ANNOTATION,
+        &held.to_string(),
+    ));
+    Patch(ops)
+}

@@ -1,0 +1,85 @@
+//! The command line; every flag of `serve` can also come from the environment.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "churn-throttler",
+    version,
+    about = "Admission webhook that paces pod churn cluster-wide"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the admission server (HTTPS) and the metrics/probe server (HTTP).
+    Serve(ServeArgs),
+    /// Validate a policy file; prints the error with file and line, exits non-zero.
+    CheckConfig {
+        /// The policy YAML file.
+        file: PathBuf,
+    },
+    /// Print the built-in default policy.
+    DefaultPolicy,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Policy YAML; without it the built-in default policy (see `default-policy`).
+    #[arg(long, env = "CHURN_THROTTLER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// PEM certificate chain for the admission port.
+    #[arg(long, env = "CHURN_THROTTLER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for the admission port.
+    #[arg(long, env = "CHURN_THROTTLER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: when set, clients (the API server) must present a certificate it signed.
+    #[arg(long, env = "CHURN_THROTTLER_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// HTTPS address for /validate and /mutate.
+    #[arg(long, env = "CHURN_THROTTLER_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for /metrics, /healthz and /readyz.
+    #[arg(
+        long,
+        env = "CHURN_THROTTLER_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Development mode: make a self-signed CA and certificate for localhost at start,
+    /// listen on 127.0.0.1, and print a curl line that sends a sample review.
+    #[arg(long, env = "CHURN_THROTTLER_DEV")]
+    pub dev: bool,
+    /// Where --dev writes its CA, certificate and sample review.
+    #[arg(
+        long,
+        env = "CHURN_THROTTLER_DEV_DIR",
+        default_value = ".churn-throttler-dev"
+    )]
+    pub dev_dir: PathBuf,
+    /// How often the certificate and policy files are checked for changes.
+    #[arg(long, env = "CHURN_THROTTLER_RELOAD_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub reload_interval: std::time::Duration,
+    /// After SIGTERM: time spent not-ready (still serving) before draining.
+    #[arg(long, env = "CHURN_THROTTLER_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: std::time::Duration,
+    /// Longest wait for open requests to finish after the delay.
+    #[arg(long, env = "CHURN_THROTTLER_DRAIN_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub drain_timeout: std::time::Duration,
+    /// Largest accepted AdmissionReview body; larger ones get HTTP 413.
+    #[arg(long, env = "CHURN_THROTTLER_MAX_BODY_BYTES", default_value_t = 7 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Log format: text or json.
+    #[arg(long, env = "CHURN_THROTTLER_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    crate::policy::parse_duration(text)
+}

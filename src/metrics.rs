@@ -1,0 +1,189 @@
+//! One typed Prometheus registry, passed explicitly to whoever records.
+//! Label values are bounded: rule names come from the policy, the rest are fixed sets.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    /// decisions by rule, operation and action
+    pub decisions: IntCounterVec,
+    /// seconds from request to answer, by endpoint (holds included)
+    pub admission_duration: HistogramVec,
+    /// HTTP answers by endpoint and status code
+    pub http_requests: IntCounterVec,
+    /// charges in the fullest window, per rule
+    pub window_usage: IntGaugeVec,
+    /// events allowed per window, per rule
+    pub window_limit: IntGaugeVec,
+    pub held_requests: IntGauge,
+    /// seconds a held request waited
+    pub hold_duration: Histogram,
+    pub reservations_open: IntGauge,
+    pub buckets: IntGauge,
+    /// policy and certificate reloads by kind and result
+    pub reloads: IntCounterVec,
+    /// requests of kinds or subresources that are not paced, by resource group
+    pub unhandled: IntCounterVec,
+    /// requests refused before a decision (malformed, wrong content type, too large)
+    pub bad_requests: IntCounterVec,
+    pub gated_pods: IntCounterVec,
+    pub policy_rules: IntGauge,
+    pub ready: IntGauge,
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    register(registry, Box::new(metric.clone()));
+    metric
+}
+
+fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    register(registry, Box::new(metric.clone()));
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let metric = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    register(registry, Box::new(metric.clone()));
+    metric
+}
+
+fn register(registry: &Registry, metric: Box<dyn prometheus::core::Collector>) {
+    // Names are fixed at compile time and unique, so registration cannot fail at run time.
+    registry
+        .register(metric)
+        .unwrap_or_else(|e| panic!("registering a metric: {e}"));
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let admission_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_admission_duration_seconds",
+                "Time from receiving an admission review to answering it, holds included.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["endpoint"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(&registry, Box::new(admission_duration.clone()));
+        let hold_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "churn_throttler_hold_duration_seconds",
+                "How long held requests waited in the webhook for their slot.",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]),
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(&registry, Box::new(hold_duration.clone()));
+        Metrics {
+            decisions: counter_vec(
+                &registry,
+                "churn_throttler_decisions_total",
+                "Admission decisions by rule, operation and action.",
+                &["rule", "operation", "action"],
+            ),
+            admission_duration,
+            http_requests: counter_vec(
+                &registry,
+                "churn_throttler_http_requests_total",
+                "HTTP answers of the admission endpoints by endpoint and status code.",
+                &["endpoint", "code"],
+            ),
+            window_usage: gauge_vec(
+                &registry,
+                "churn_throttler_window_usage",
+                "Charges in the current window of the rule's fullest bucket.",
+                &["rule"],
+            ),
+            window_limit: gauge_vec(
+                &registry,
+                "churn_throttler_window_limit",
+                "Events the rule allows per window (its first limit).",
+                &["rule"],
+            ),
+            held_requests: gauge(
+                &registry,
+                "churn_throttler_held_requests",
+                "Admission requests being held in the webhook right now.",
+            ),
+            hold_duration,
+            reservations_open: gauge(
+                &registry,
+                "churn_throttler_reservations_open",
+                "Reserved future slots not yet claimed.",
+            ),
+            buckets: gauge(&registry, "churn_throttler_buckets", "Live limiter buckets."),
+            reloads: counter_vec(
+                &registry,
+                "churn_throttler_reloads_total",
+                "Reloads of the policy and the certificate, by kind and result.",
+                &["kind", "result"],
+            ),
+            unhandled: counter_vec(
+                &registry,
+                "churn_throttler_unhandled_requests_total",
+                "Requests of kinds, subresources or operations that are not paced, allowed as they are.",
+                &["reason"],
+            ),
+            bad_requests: counter_vec(
+                &registry,
+                "churn_throttler_bad_requests_total",
+                "Requests answered with an HTTP error before any decision, by reason.",
+                &["reason"],
+            ),
+            gated_pods: counter_vec(
+                &registry,
+                "churn_throttler_gated_pods_total",
+                "Pods admitted behind the scheduling gate, by rule.",
+                &["rule"],
+            ),
+            policy_rules: gauge(
+                &registry,
+                "churn_throttler_policy_rules",
+                "Rules in the policy in force.",
+            ),
+            ready: gauge(
+                &registry,
+                "churn_throttler_ready",
+                "1 while the server is ready to take admission reviews.",
+            ),
+            registry,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The exposition in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        if encoder
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

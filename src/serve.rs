@@ -1,0 +1,201 @@
+//! `serve`: wires the shells together and runs them until SIGTERM or SIGINT.
+
+use crate::cli::ServeArgs;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::server::reload::{self, CertFiles};
+use crate::server::state::{now_millis, AppState};
+use crate::server::{self, certgen, tls};
+use anyhow::{bail, Context};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+/// A sample review for the --dev curl line: a running pod DELETE by the ReplicaSet controller,
+/// which the default policy paces (send it 25 times to see a hold, then a 429).
+const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.json");
+
+pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    if args.dev {
+        prepare_dev(&mut args)?;
+    }
+    let (policy, policy_source) = load_policy(args.config.as_deref())?;
+    let (cert_path, key_path) = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ => bail!("serve needs --tls-cert and --tls-key (or --dev for a self-signed localhost certificate)"),
+    };
+    let pair = tls::read_pair(&cert_path, &key_path)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let key = tls::certified_key(&pair, &cert_path, &key_path, now)?;
+    let cert = tls::SwappableCert::new(key);
+    let client_ca = match &args.client_ca {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("cannot read --client-ca {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let tls_config = tls::server_config(cert.clone(), client_ca.as_deref())?;
+
+    let metrics = Arc::new(Metrics::new());
+    let state = AppState::new(policy, metrics.clone(), args.max_body_bytes);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let metrics_listener = server::bind(args.metrics_listen, "metrics").await?;
+    let tls_listener = server::bind(args.listen, "admission (HTTPS)").await?;
+    let tls_addr = tls_listener.local_addr()?;
+    let metrics_addr = metrics_listener.local_addr()?;
+    state.set_tls_up();
+    tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
+    if args.dev {
+        print_dev_help(&args.dev_dir, tls_addr, metrics_addr);
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(server::serve_tls(
+        tls_listener,
+        TlsAcceptor::from(tls_config),
+        server::admission_router(state.clone()),
+        metrics.clone(),
+        stop_rx.clone(),
+        args.drain_timeout,
+    ));
+    tasks.spawn(server::serve_plain(
+        metrics_listener,
+        server::metrics_router(state.clone()),
+        stop_rx.clone(),
+    ));
+    let policy_file = match &args.config {
+        Some(path) => Some((path.clone(), std::fs::read(path)?)),
+        None => None,
+    };
+    tasks.spawn(reload::poll(
+        state.clone(),
+        Some((
+            CertFiles {
+                cert: cert_path,
+                key: key_path,
+                target: cert,
+            },
+            pair,
+        )),
+        policy_file,
+        args.reload_interval,
+        stop_rx.clone(),
+    ));
+    tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+
+    wait_for_signal().await;
+    // Not-ready first, so endpoints stop sending; keep serving through the delay.
+    state.begin_shutdown();
+    tracing::info!(delay = ?args.shutdown_delay, "shutting down: not ready, draining after the delay");
+    tokio::time::sleep(args.shutdown_delay).await;
+    let _ = stop_tx.send(true);
+    while tasks.join_next().await.is_some() {}
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn load_policy(path: Option<&Path>) -> anyhow::Result<(Policy, String)> {
+    match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read policy {}", path.display()))?;
+            let policy = Policy::from_yaml(&text, &path.display().to_string())?;
+            Ok((policy, path.display().to_string()))
+        }
+        None => Ok((Policy::builtin(), "built-in default".to_string())),
+    }
+}
+
+async fn sweep_loop(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => state.sweep(now_millis()),
+            _ = crate::server::stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// --dev: a fresh CA and localhost certificate, loopback addresses, a sample review.
+fn prepare_dev(args: &mut ServeArgs) -> anyhow::Result<()> {
+    let dir = &args.dev_dir;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let ca = certgen::new_ca("churn-throttler dev CA")?;
+    let serving = certgen::issue_serving(
+        &ca,
+        &["localhost", "127.0.0.1"],
+        time::Duration::hours(-1),
+        time::Duration::days(30),
+    )?;
+    let write = |name: &str, content: &str| -> anyhow::Result<PathBuf> {
+        let path = dir.join(name);
+        std::fs::write(&path, content)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(path)
+    };
+    write("ca.crt", &ca.cert_pem)?;
+    args.tls_cert = Some(write("tls.crt", &serving.cert_pem)?);
+    args.tls_key = Some(write("tls.key", &serving.key_pem)?);
+    write("sample-review.json", SAMPLE_REVIEW)?;
+    let loopback = |addr: SocketAddr, default_port: u16| {
+        if addr.ip().is_unspecified() {
+            SocketAddr::from((
+                [127, 0, 0, 1],
+                if addr.port() == 0 {
+                    default_port
+                } else {
+                    addr.port()
+                },
+            ))
+        } else {
+            addr
+        }
+    };
+    args.listen = loopback(args.listen, 8443);
+    args.metrics_listen = loopback(args.metrics_listen, 9090);
+    if args.shutdown_delay > Duration::from_secs(1) {
+        args.shutdown_delay = Duration::from_millis(200);
+    }
+    Ok(())
+}
+
+fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
+    let ca = dir.join("ca.crt");
+    let sample = dir.join("sample-review.json");
+    println!("churn-throttler --dev: CA written to {}", ca.display());
+    println!("Send a sample review (a ReplicaSet controller deleting a running pod; repeat it to see pacing):");
+    println!(
+        "  curl --cacert {} -H 'Content-Type: application/json' --data @{} https://localhost:{}/validate",
+        ca.display(),
+        sample.display(),
+        tls.port()
+    );
+    println!("Metrics: curl http://{metrics}/metrics    Readiness: curl http://{metrics}/readyz");
+}

@@ -1,0 +1,194 @@
+//! The /validate and /mutate handlers: guards, decoding, the decision, holds, metrics.
+
+use super::state::{now_millis, AppState};
+use crate::admission::{decide, respond, Endpoint, PassReason, Verdict};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube::core::DynamicObject;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub async fn validate(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    handle(state, Endpoint::Validate, headers, body).await
+}
+
+pub async fn mutate(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    handle(state, Endpoint::Mutate, headers, body).await
+}
+
+async fn handle(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let deadline = state.policy().server_deadline();
+    let response =
+        match tokio::time::timeout(deadline, review(&state, endpoint, &headers, &body)).await {
+            Ok(response) => response,
+            Err(_) => {
+                state
+                    .metrics
+                    .bad_requests
+                    .with_label_values(&["deadline"])
+                    .inc();
+                error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                    "churn-throttler: no decision within {}ms; the webhook's failurePolicy applies",
+                    deadline.as_millis()
+                ),
+                )
+            }
+        };
+    state
+        .metrics
+        .admission_duration
+        .with_label_values(&[endpoint.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    state
+        .metrics
+        .http_requests
+        .with_label_values(&[endpoint.as_str(), response.status().as_str()])
+        .inc();
+    response
+}
+
+async fn review(
+    state: &AppState,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        state
+            .metrics
+            .bad_requests
+            .with_label_values(&["content-type"])
+            .inc();
+        return error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "churn-throttler: expected Content-Type application/json, got {content_type:?}"
+            ),
+        );
+    }
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(e) => {
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&["malformed"])
+                .inc();
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                format!("churn-throttler: the body is not an AdmissionReview: {e}"),
+            );
+        }
+    };
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(_) => {
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&["no-request"])
+                .inc();
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "churn-throttler: the AdmissionReview has no request".to_string(),
+            );
+        }
+    };
+    if request.uid.is_empty() {
+        state
+            .metrics
+            .bad_requests
+            .with_label_values(&["no-uid"])
+            .inc();
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "churn-throttler: the AdmissionReview request has no uid".to_string(),
+        );
+    }
+
+    let policy = state.policy();
+    let now = now_millis();
+    let decision = {
+        let mut limiter = state.limiter();
+        decide(&request, endpoint, &policy, &mut limiter, now)
+    };
+    let rule = decision.rule.as_deref().unwrap_or("none");
+    let operation = decision
+        .kind
+        .map(|k| k.operation())
+        .unwrap_or_else(|| operation_of(&request));
+    state
+        .metrics
+        .decisions
+        .with_label_values(&[rule, operation, decision.verdict.label()])
+        .inc();
+    match &decision.verdict {
+        Verdict::Pass(PassReason::Unhandled) => {
+            state
+                .metrics
+                .unhandled
+                .with_label_values(&["kind-or-subresource"])
+                .inc();
+        }
+        Verdict::Gate { .. } => {
+            state.metrics.gated_pods.with_label_values(&[rule]).inc();
+        }
+        Verdict::Hold { until } => {
+            let wait = Duration::from_millis(until.saturating_sub(now));
+            state.metrics.held_requests.inc();
+            tokio::time::sleep(wait).await;
+            state.metrics.held_requests.dec();
+            state.metrics.hold_duration.observe(wait.as_secs_f64());
+        }
+        _ => {}
+    }
+    if let Some(message) = &decision.message {
+        tracing::debug!(uid = %request.uid, rule, action = decision.verdict.label(), "{message}");
+    }
+    let response = respond(&request, &decision);
+    Json(response.into_review()).into_response()
+}
+
+fn operation_of(request: &AdmissionRequest<DynamicObject>) -> &'static str {
+    use kube::core::admission::Operation;
+    match request.operation {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+pub fn error_response(status: StatusCode, message: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{message}\n"),
+    )
+        .into_response()
+}

@@ -1,0 +1,168 @@
+//! The shells around the pure core: HTTPS admission server, plain metrics/probe server,
+//! file reloaders and graceful shutdown.
+
+pub mod admission;
+pub mod certgen;
+pub mod reload;
+pub mod state;
+pub mod tls;
+
+use crate::metrics::Metrics;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use state::AppState;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tower_http::catch_panic::CatchPanicLayer;
+
+/// The admission router (served over TLS only).
+pub fn admission_router(state: Arc<AppState>) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/validate", post(admission::validate))
+        .route("/mutate", post(admission::mutate))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    admission::error_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "churn-throttler: internal error while deciding; the webhook's failurePolicy applies"
+            .into(),
+    )
+}
+
+/// Metrics and probes, on their own plain-HTTP port.
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+/// Serves the admission router over TLS until `shutdown` turns true, then drains
+/// open connections for at most `drain`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = crate::server::stopped(&mut shutdown) => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        metrics
+                            .bad_requests
+                            .with_label_values(&["tls-handshake"])
+                            .inc();
+                        tracing::debug!("TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        metrics
+                            .bad_requests
+                            .with_label_values(&["tls-handshake"])
+                            .inc();
+                        return;
+                    }
+                };
+            let connection = builder
+                .serve_connection(TokioIo::new(tls), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain took longer than {drain:?}; closing the remaining connections");
+    }
+}
+
+/// Serves metrics and probes until `shutdown` turns true.
+pub async fn serve_plain(
+    listener: TcpListener,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            crate::server::stopped(&mut shutdown).await;
+        })
+        .await;
+    if let Err(e) = served {
+        tracing::warn!("metrics server ended: {e}");
+    }
+}
+
+/// Resolves once the shutdown signal is set (or its sender is gone).
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not Send; drop it before the caller awaits on.
+    let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
+}
+
+pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for {what}: {e}"))
+}
