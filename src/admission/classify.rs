@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 
 /// The scheduling gate churn-throttler adds and only it removes.
 pub const GATE_NAME: &str = "churn-throttler.io/paced";
+/// Label on pods churn-throttler gated ("true") or released but not yet seen Ready
+/// ("released"), so the releaser can list and watch exactly those pods.
+pub const GATED_LABEL: &str = "churn-throttler.io/gated";
 /// Annotation naming the rule that gated a pod, for the releaser.
 pub const GATED_BY_ANNOTATION: &str = "churn-throttler.io/gated-by";
 /// Annotation holding the partition a writer asked for while churn-throttler holds it.
@@ -84,6 +87,7 @@ pub struct ChurnRequest {
     /// pods CREATE: scheduling gates already present (to add ours correctly).
     pub scheduling_gates: Vec<String>,
     pub has_annotations: bool,
+    pub has_labels: bool,
     pub statefulset: Option<StatefulSetChange>,
 }
 
@@ -135,6 +139,7 @@ fn base(
         node_name_set: false,
         scheduling_gates: Vec::new(),
         has_annotations: false,
+        has_labels: false,
         statefulset: None,
     }
 }
@@ -151,6 +156,7 @@ fn fill_from_object(churn: &mut ChurnRequest, object: &DynamicObject) {
     }
     churn.labels = meta.labels.clone().unwrap_or_default();
     churn.has_annotations = meta.annotations.is_some();
+    churn.has_labels = meta.labels.is_some();
     churn.priority_class = str_at(&object.data, &["spec", "priorityClassName"]).map(str::to_string);
 }
 

@@ -3,7 +3,7 @@
 
 use super::classify::{
     classify, ChurnRequest, Classified, PassReason, StatefulSetChange, GATED_BY_ANNOTATION,
-    GATE_NAME, PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+    GATED_LABEL, GATE_NAME, PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
 use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};

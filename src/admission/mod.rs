@@ -5,7 +5,10 @@ pub mod classify;
 pub mod decide;
 pub mod respond;
 
-pub use classify::{classify, ChurnRequest, Classified, PassReason, GATE_NAME};
+pub use classify::{
+    classify, ChurnRequest, Classified, PassReason, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME,
+    PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+};
 pub use decide::{decide, plan_partition, Decision, Endpoint, PartitionPlan, Verdict};
 pub use respond::respond;
 
