@@ -344,25 +344,28 @@ fn gate_patch(churn: &ChurnRequest, rule: &str) -> Patch {
     } else {
         ops.push(add("/spec/schedulingGates/-", gate));
     }
-    ops.extend(annotation_ops(
+    ops.extend(map_entry_ops(
+        "annotations",
         churn.has_annotations,
         GATED_BY_ANNOTATION,
         rule,
     ));
+    ops.extend(map_entry_ops(
+        "labels",
+        churn.has_labels,
+        GATED_LABEL,
+        "true",
+    ));
     Patch(ops)
 }
 
-fn annotation_ops(has_annotations: bool, key: &str, value: &str) -> Vec<PatchOperation> {
-    if has_annotations {
-        vec![add(
-            &format!(
-                "/metadata/annotations/{}",
-                key.replace('~', "~0").replace('/', "~1")
-            ),
-            json!(value),
-        )]
+/// Adds `key: value` to metadata.labels or metadata.annotations, creating the map if absent.
+fn map_entry_ops(map: &str, map_exists: bool, key: &str, value: &str) -> Vec<PatchOperation> {
+    if map_exists {
+        let escaped = key.replace('~', "~0").replace('/', "~1");
+        vec![add(&format!("/metadata/{map}/{escaped}"), json!(value))]
     } else {
-        vec![add("/metadata/annotations", json!({ key: value }))]
+        vec![add(&format!("/metadata/{map}"), json!({ key: value }))]
     }
 }
 
@@ -449,13 +452,15 @@ fn partition_patch(c: &StatefulSetChange, held: u32, target: u32) -> Patch {
             json!({ "type": "RollingUpdate", "rollingUpdate": { "partition": held } }),
         ));
     }
-    ops.extend(annotation_ops(
+    ops.extend(map_entry_ops(
+        "annotations",
         c.has_annotations,
         PARTITION_TARGET_ANNOTATION,
         &target.to_string(),
     ));
     // The first annotation op may have created the map; the second adds into it.
-    ops.extend(annotation_ops(
+    ops.extend(map_entry_ops(
+        "annotations",
         true,
         PARTITION_HELD_ANNOTATION,
         &held.to_string(),
