@@ -18,7 +18,43 @@ use tokio_rustls::TlsAcceptor;
 /// which the default policy paces (send it 25 times to see a hold, then a 429).
 const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.json");
 
-pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let dev = args.dev;
+    let dev_dir = args.dev_dir.clone();
+    let running = start(args).await?;
+    if dev {
+        print_dev_help(&dev_dir, running.tls_addr, running.metrics_addr);
+    }
+    wait_for_signal().await;
+    running.shutdown().await;
+    Ok(())
+}
+
+/// A started server: its bound addresses and what is needed to stop it.
+pub struct Running {
+    pub tls_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub state: Arc<AppState>,
+    stop: watch::Sender<bool>,
+    tasks: tokio::task::JoinSet<()>,
+    shutdown_delay: Duration,
+}
+
+impl Running {
+    /// Not-ready first, so endpoints stop sending while requests still get answers;
+    /// then stop accepting and drain.
+    pub async fn shutdown(mut self) {
+        self.state.begin_shutdown();
+        tracing::info!(delay = ?self.shutdown_delay, "shutting down: not ready, draining after the delay");
+        tokio::time::sleep(self.shutdown_delay).await;
+        let _ = self.stop.send(true);
+        while self.tasks.join_next().await.is_some() {}
+        tracing::info!("stopped");
+    }
+}
+
+/// Loads everything, binds both listeners and starts serving; errors say what is wrong.
+pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     if args.dev {
         prepare_dev(&mut args)?;
     }
@@ -39,20 +75,19 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let tls_config = tls::server_config(cert.clone(), client_ca.as_deref())?;
+    let policy_file = match &args.config {
+        Some(path) => Some((path.clone(), std::fs::read(path)?)),
+        None => None,
+    };
 
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(policy, metrics.clone(), args.max_body_bytes);
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(false);
 
     let metrics_listener = server::bind(args.metrics_listen, "metrics").await?;
     let tls_listener = server::bind(args.listen, "admission (HTTPS)").await?;
     let tls_addr = tls_listener.local_addr()?;
     let metrics_addr = metrics_listener.local_addr()?;
-    state.set_tls_up();
-    tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
-    if args.dev {
-        print_dev_help(&args.dev_dir, tls_addr, metrics_addr);
-    }
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(server::serve_tls(
@@ -68,10 +103,6 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         server::metrics_router(state.clone()),
         stop_rx.clone(),
     ));
-    let policy_file = match &args.config {
-        Some(path) => Some((path.clone(), std::fs::read(path)?)),
-        None => None,
-    };
     tasks.spawn(reload::poll(
         state.clone(),
         Some((
@@ -87,16 +118,16 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
-
-    wait_for_signal().await;
-    // Not-ready first, so endpoints stop sending; keep serving through the delay.
-    state.begin_shutdown();
-    tracing::info!(delay = ?args.shutdown_delay, "shutting down: not ready, draining after the delay");
-    tokio::time::sleep(args.shutdown_delay).await;
-    let _ = stop_tx.send(true);
-    while tasks.join_next().await.is_some() {}
-    tracing::info!("stopped");
-    Ok(())
+    state.set_tls_up();
+    tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
+    Ok(Running {
+        tls_addr,
+        metrics_addr,
+        state,
+        stop,
+        tasks,
+        shutdown_delay: args.shutdown_delay,
+    })
 }
 
 fn load_policy(path: Option<&Path>) -> anyhow::Result<(Policy, String)> {

@@ -160,9 +160,9 @@ async fn review(
         }
         Verdict::Hold { until } => {
             let wait = Duration::from_millis(until.saturating_sub(now));
-            state.metrics.held_requests.inc();
+            // The guard keeps the gauge right even if the API server hangs up mid-hold.
+            let _held = HeldGuard::new(&state.metrics.held_requests);
             tokio::time::sleep(wait).await;
-            state.metrics.held_requests.dec();
             state.metrics.hold_duration.observe(wait.as_secs_f64());
         }
         _ => {}
@@ -191,4 +191,19 @@ pub fn error_response(status: StatusCode, message: String) -> Response {
         format!("{message}\n"),
     )
         .into_response()
+}
+
+struct HeldGuard<'a>(&'a prometheus::IntGauge);
+
+impl<'a> HeldGuard<'a> {
+    fn new(gauge: &'a prometheus::IntGauge) -> Self {
+        gauge.inc();
+        HeldGuard(gauge)
+    }
+}
+
+impl Drop for HeldGuard<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
