@@ -1,1 +1,356 @@
+use super::classify::{StatefulSetChange, GATED_BY_ANNOTATION, GATED_LABEL};
+use super::*;
+use crate::limiter::Limiter;
+use crate::policy::Policy;
+use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube::core::DynamicObject;
+use serde_json::{json, Value};
 
+const POLICY: &str = r#"
+timeoutSeconds: 10
+rules:
+  - name: sts-rollouts
+    match: { resources: [statefulsets], operations: [UPDATE], excludeUsers: [self-paced] }
+    limit: { events: 2, window: 10s }
+    action: partition
+  - name: creates
+    match: { resources: [pods], operations: [CREATE], controllerKinds: [ReplicaSet, StatefulSet] }
+    limit: { events: 2, window: 10s }
+    action: gate
+  - name: deletes
+    match:
+      resources: [pods]
+      operations: [DELETE]
+      users: [system:serviceaccount:kube-system:replicaset-controller]
+    limit: { events: 1, window: 10s }
+    action: retry-after
+    maxHold: 3s
+    maxReservedPerNamespace: 5
+  - name: evictions
+    match: { resources: [pods/eviction], operations: [CREATE] }
+    limit: { events: 1, window: 10s }
+    action: deny
+  - name: partition-steps
+    match: { resources: [statefulsets], operations: [UPDATE] }
+    limit: { events: 2, window: 10s }
+    action: retry-after
+exempt:
+  namespaces: [kube-system]
+  users: [system:serviceaccount:kube-system:namespace-controller]
+"#;
+
+fn policy() -> Policy {
+    Policy::from_yaml(POLICY, "test").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn fixture(name: &str) -> AdmissionRequest<DynamicObject> {
+    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    review.try_into().unwrap_or_else(|_| panic!("{path}: no request"))
+}
+
+fn verdicts(name: &str, endpoint: Endpoint, times: &[u64]) -> Vec<Verdict> {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let req = fixture(name);
+    times
+        .iter()
+        .map(|&now| decide(&req, endpoint, &policy, &mut limiter, now).verdict)
+        .collect()
+}
+
+fn labels(verdicts: &[Verdict]) -> Vec<&'static str> {
+    verdicts.iter().map(Verdict::label).collect()
+}
+
+#[test]
+fn each_fixture_gets_the_expected_sequence_of_actions() {
+    use Endpoint::{Mutate, Validate};
+    // (fixture, endpoint, request times in ms, expected action per request)
+    let cases: &[(&str, Endpoint, &[u64], &[&str])] = &[
+        ("pod-create-statefulset", Mutate, &[0, 1, 2], &["allow", "allow", "gate"]),
+        ("pod-create-statefulset", Validate, &[0, 1, 2], &["no-rule", "no-rule", "no-rule"]),
+        ("pod-create-replicaset", Mutate, &[0, 1, 2, 3], &["allow", "allow", "gate", "gate"]),
+        ("pod-create-bound", Mutate, &[0, 1, 2], &["allow", "allow", "allow"]),
+        ("pod-create-dry-run", Mutate, &[0, 1, 2, 3], &["allow", "allow", "allow", "allow"]),
+        // The same logical delete: first fits, its retry while the window is full has
+        // no new slot to wait for... each call is a retry of the same pod, so it is allowed
+        // once and then re-charged only after the window moves on.
+        ("pod-delete-running", Validate, &[0], &["allow"]),
+        ("pod-delete-terminating", Validate, &[0, 1, 2, 3], &["pass", "pass", "pass", "pass"]),
+        ("pod-delete-namespace-teardown", Validate, &[0, 1, 2], &["exempt", "exempt", "exempt"]),
+        ("pod-eviction", Validate, &[0, 1, 10_000], &["allow", "deny", "allow"]),
+        ("statefulset-partition-lower", Validate, &[0, 1], &["allow", "retry-after"]),
+        ("statefulset-template-change", Mutate, &[0], &["partition"]),
+        ("statefulset-reapply-unchanged", Mutate, &[0], &["pass"]),
+        ("statefulset-reapply-unchanged", Validate, &[0], &["pass"]),
+        ("configmap-create", Validate, &[0], &["pass"]),
+        ("pod-status-update", Validate, &[0], &["pass"]),
+    ];
+    for (name, endpoint, times, want) in cases {
+        let got = verdicts(name, *endpoint, times);
+        assert_eq!(&labels(&got), want, "{name} on {endpoint:?}");
+    }
+}
+
+#[test]
+fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let mut request = |pod: &str| {
+        let mut req = fixture("pod-delete-running");
+        req.name = pod.to_string();
+        req
+    };
+    let (a, b, c) = (request("a"), request("b"), request("c"));
+    let decide_at = |limiter: &mut Limiter, req: &AdmissionRequest<DynamicObject>, now| {
+        decide(req, Endpoint::Validate, &policy, limiter, now).verdict
+    };
+    assert_eq!(decide_at(&mut limiter, &a, 0), Verdict::Admitted);
+    // 1 per 10s: b's slot is at 10 s, beyond maxHold 3 s, so retry-after 10 s.
+    assert_eq!(
+        decide_at(&mut limiter, &b, 0),
+        Verdict::RetryAfter { seconds: 10, slot: 10_000 }
+    );
+    // c queues behind b: slot 20 s.
+    assert_eq!(
+        decide_at(&mut limiter, &c, 100),
+        Verdict::RetryAfter { seconds: 20, slot: 20_000 }
+    );
+    // b comes back 2 s early: within maxHold, so it is held until its slot.
+    assert_eq!(decide_at(&mut limiter, &b, 8_000), Verdict::Hold { until: 10_000 });
+    // c comes back on time and is admitted on its reservation, not charged again.
+    assert_eq!(decide_at(&mut limiter, &c, 20_000), Verdict::Admitted);
+    assert_eq!(limiter.reservation_count(), 0);
+}
+
+#[test]
+fn gate_patch_adds_gate_label_and_annotation_and_keeps_other_gates() {
+    let policy = policy();
+    for (name, want_gates) in [
+        ("pod-create-replicaset", vec!["churn-throttler.io/paced"]),
+        (
+            "pod-create-replicaset-gated-elsewhere",
+            vec!["example.com/quota", "churn-throttler.io/paced"],
+        ),
+    ] {
+        let mut limiter = Limiter::new(1_000);
+        let req = fixture(name);
+        let mut last = Verdict::NoRule;
+        for now in 0..3 {
+            last = decide(&req, Endpoint::Mutate, &policy, &mut limiter, now).verdict;
+        }
+        let Verdict::Gate { patch } = last else {
+            panic!("{name}: expected a gate, got {last:?}")
+        };
+        let mut pod = serde_json::to_value(req.object.clone()).unwrap_or(Value::Null);
+        json_patch::patch(&mut pod, &patch).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let gates: Vec<&str> = pod["spec"]["schedulingGates"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|g| g["name"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(gates, want_gates, "{name}");
+        assert_eq!(pod["metadata"]["labels"][GATED_LABEL], json!("true"), "{name}");
+        assert_eq!(pod["metadata"]["annotations"][GATED_BY_ANNOTATION], json!("creates"), "{name}");
+        let original = &req.object.as_ref().and_then(|o| o.metadata.labels.clone());
+        let app = original.as_ref().and_then(|l| l.get("app").cloned());
+        assert_eq!(pod["metadata"]["labels"]["app"].as_str().map(str::to_string), app, "{name}: labels kept");
+    }
+}
+
+#[test]
+fn replicaset_pods_without_a_name_share_a_pool_identity() {
+    let req = fixture("pod-create-replicaset");
+    assert_eq!(req.name, "");
+    let Classified::Churn(churn) = classify(&req) else {
+        panic!("not churn")
+    };
+    assert_eq!(
+        churn.identity,
+        crate::limiter::Identity::Pool(
+            "pod-create:shop/3a9e5f2d-64b1-4d0c-8c5b-77e1a2f3b4c5/web-5d9c7b8f6d-".into()
+        )
+    );
+    let Classified::Churn(sts) = classify(&fixture("pod-create-statefulset")) else {
+        panic!("not churn")
+    };
+    assert_eq!(sts.identity, crate::limiter::Identity::Exact("pod-create:shop/db-2".into()));
+}
+
+#[test]
+fn dry_run_is_never_charged() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let dry = fixture("pod-create-dry-run");
+    for now in 0..10 {
+        decide(&dry, Endpoint::Mutate, &policy, &mut limiter, now);
+    }
+    assert_eq!(limiter.bucket_count(), 0);
+    assert_eq!(limiter.reservation_count(), 0);
+}
+
+#[test]
+fn partition_lowering_is_charged_by_the_pods_it_releases() {
+    let Classified::Churn(churn) = classify(&fixture("statefulset-partition-lower")) else {
+        panic!("not churn")
+    };
+    // partition 3 -> 1 of 3 replicas with an update pending releases ordinals 1 and 2.
+    assert_eq!(churn.cost, 2);
+}
+
+#[test]
+fn retry_after_answer_is_the_exact_json_kube_apiserver_needs() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let req = fixture("statefulset-partition-lower");
+    decide(&req, Endpoint::Validate, &policy, &mut limiter, 0);
+    let decision = decide(&req, Endpoint::Validate, &policy, &mut limiter, 1_500);
+    let review = serde_json::to_value(respond(&req, &decision).into_review()).unwrap_or(Value::Null);
+    let expected = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {
+            "uid": "7f1c3c52-0b6e-4d0a-9f5b-1c2d3e4f5a09",
+            "allowed": false,
+            "status": {
+                "status": "Failure",
+                "code": 429,
+                "reason": "TooManyRequests",
+                "message": "churn-throttler: rule \"partition-steps\" allows 2 per 10s (global); this StatefulSet update of shop/db has to wait 9s, retry after 9s (the request keeps its place)",
+                "details": { "retryAfterSeconds": 9 }
+            },
+            "auditAnnotations": { "rule": "partition-steps", "action": "retry-after" }
+        }
+    });
+    assert_eq!(review, expected);
+}
+
+fn change(template_changed: bool, replicas: u32, old: u32, written: Option<u32>) -> StatefulSetChange {
+    StatefulSetChange {
+        uid: "uid".into(),
+        rolling_update: true,
+        template_changed,
+        replicas,
+        old_partition: old,
+        new_partition: written.unwrap_or(0).min(replicas),
+        written_partition: written,
+        has_rolling_update_block: true,
+        old_target: None,
+        new_target_annotation: None,
+        new_held_annotation: None,
+        has_annotations: true,
+        update_pending: true,
+    }
+}
+
+#[test]
+fn partition_plan_table() {
+    let plan = |held, target| Some(PartitionPlan { held, target });
+    let paced = |mut c: StatefulSetChange, target: u32| {
+        c.old_target = Some(target);
+        c.new_target_annotation = Some(target.to_string());
+        c.new_held_annotation = Some(c.old_partition);
+        c
+    };
+    // (case, change, expected plan)
+    let cases: Vec<(&str, StatefulSetChange, Option<PartitionPlan>)> = vec![
+        ("template change holds at replicas, target 0", change(true, 3, 0, Some(0)), plan(3, 0)),
+        ("template change without a partition field", change(true, 3, 0, None), plan(3, 0)),
+        ("template change with a writer's partition 1", change(true, 3, 0, Some(1)), plan(3, 1)),
+        ("re-apply with no change is not paced", change(false, 3, 0, Some(0)), None),
+        ("writer's partition at replicas needs no pacing", change(true, 3, 0, Some(3)), None),
+        (
+            "writer lowers the target mid-rollout: held stays",
+            paced(change(false, 3, 2, Some(0)), 1),
+            plan(2, 0),
+        ),
+        (
+            "writer touches nothing mid-rollout: allowed as it is",
+            paced(change(false, 3, 2, Some(2)), 0),
+            None,
+        ),
+        (
+            "second template change restarts from replicas",
+            paced(change(true, 3, 1, Some(1)), 0),
+            plan(3, 0),
+        ),
+        (
+            "scale up while held: allowed, the held partition stays",
+            paced(change(false, 5, 2, Some(2)), 0),
+            None,
+        ),
+        (
+            "scale up while held by a writer that dropped our annotations",
+            {
+                let mut c = paced(change(false, 5, 2, Some(0)), 0);
+                c.new_held_annotation = None;
+                c.new_target_annotation = None;
+                c
+            },
+            plan(2, 0),
+        ),
+        (
+            "scale down while held keeps the held partition",
+            paced(change(false, 1, 1, Some(2)), 0),
+            None,
+        ),
+        (
+            "writer raises the partition: pacing ends",
+            paced(change(false, 3, 1, Some(3)), 0),
+            None,
+        ),
+    ];
+    for (case, c, want) in cases {
+        assert_eq!(plan_partition(&c), want, "{case}");
+    }
+    // The releaser's own step writes the partition and the held annotation together.
+    let mut step = change(false, 3, 2, Some(1));
+    step.old_target = Some(0);
+    step.new_held_annotation = Some(1);
+    assert_eq!(plan_partition(&step), None, "releaser step passes through");
+}
+
+#[test]
+fn partition_action_skips_on_delete_and_excluded_writers() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let mut on_delete = fixture("statefulset-template-change");
+    for object in [on_delete.object.as_mut(), on_delete.old_object.as_mut()].into_iter().flatten() {
+        object.data["spec"]["updateStrategy"] = json!({ "type": "OnDelete" });
+    }
+    let decision = decide(&on_delete, Endpoint::Mutate, &policy, &mut limiter, 0);
+    assert_eq!(decision.verdict.label(), "pass", "OnDelete is not touched");
+
+    let mut self_paced = fixture("statefulset-template-change");
+    self_paced.user_info.username = Some("self-paced".into());
+    let decision = decide(&self_paced, Endpoint::Mutate, &policy, &mut limiter, 0);
+    assert_eq!(decision.verdict.label(), "no-rule", "excluded writer is not held");
+    // ...and its rollout is charged on /validate like any partition decrease.
+    let decision = decide(&self_paced, Endpoint::Validate, &policy, &mut limiter, 0);
+    assert_eq!(decision.rule.as_deref(), Some("partition-steps"));
+}
+
+#[test]
+fn partition_patch_applies_to_the_statefulset() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let req = fixture("statefulset-template-change");
+    let Verdict::HoldPartition { patch, .. } =
+        decide(&req, Endpoint::Mutate, &policy, &mut limiter, 0).verdict
+    else {
+        panic!("expected a held partition")
+    };
+    let mut sts = serde_json::to_value(req.object.clone()).unwrap_or(Value::Null);
+    json_patch::patch(&mut sts, &patch).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"], json!(3));
+    assert_eq!(
+        sts["metadata"]["annotations"]["churn-throttler.io/partition-target"],
+        json!("0")
+    );
+    assert_eq!(
+        sts["metadata"]["annotations"]["churn-throttler.io/partition-held"],
+        json!("3")
+    );
+}
