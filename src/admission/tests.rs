@@ -48,7 +48,9 @@ fn fixture(name: &str) -> AdmissionRequest<DynamicObject> {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let review: AdmissionReview<DynamicObject> =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    review.try_into().unwrap_or_else(|_| panic!("{path}: no request"))
+    review
+        .try_into()
+        .unwrap_or_else(|_| panic!("{path}: no request"))
 }
 
 fn verdicts(name: &str, endpoint: Endpoint, times: &[u64]) -> Vec<Verdict> {
@@ -70,19 +72,64 @@ fn each_fixture_gets_the_expected_sequence_of_actions() {
     use Endpoint::{Mutate, Validate};
     // (fixture, endpoint, request times in ms, expected action per request)
     let cases: &[(&str, Endpoint, &[u64], &[&str])] = &[
-        ("pod-create-statefulset", Mutate, &[0, 1, 2], &["allow", "allow", "gate"]),
-        ("pod-create-statefulset", Validate, &[0, 1, 2], &["no-rule", "no-rule", "no-rule"]),
-        ("pod-create-replicaset", Mutate, &[0, 1, 2, 3], &["allow", "allow", "gate", "gate"]),
-        ("pod-create-bound", Mutate, &[0, 1, 2], &["allow", "allow", "allow"]),
-        ("pod-create-dry-run", Mutate, &[0, 1, 2, 3], &["allow", "allow", "allow", "allow"]),
+        (
+            "pod-create-statefulset",
+            Mutate,
+            &[0, 1, 2],
+            &["allow", "allow", "gate"],
+        ),
+        (
+            "pod-create-statefulset",
+            Validate,
+            &[0, 1, 2],
+            &["no-rule", "no-rule", "no-rule"],
+        ),
+        (
+            "pod-create-replicaset",
+            Mutate,
+            &[0, 1, 2, 3],
+            &["allow", "allow", "gate", "gate"],
+        ),
+        (
+            "pod-create-bound",
+            Mutate,
+            &[0, 1, 2],
+            &["allow", "allow", "allow"],
+        ),
+        (
+            "pod-create-dry-run",
+            Mutate,
+            &[0, 1, 2, 3],
+            &["allow", "allow", "allow", "allow"],
+        ),
         // The same logical delete: first fits, its retry while the window is full has
         // no new slot to wait for... each call is a retry of the same pod, so it is allowed
         // once and then re-charged only after the window moves on.
         ("pod-delete-running", Validate, &[0], &["allow"]),
-        ("pod-delete-terminating", Validate, &[0, 1, 2, 3], &["pass", "pass", "pass", "pass"]),
-        ("pod-delete-namespace-teardown", Validate, &[0, 1, 2], &["exempt", "exempt", "exempt"]),
-        ("pod-eviction", Validate, &[0, 1, 10_000], &["allow", "deny", "allow"]),
-        ("statefulset-partition-lower", Validate, &[0, 1], &["allow", "retry-after"]),
+        (
+            "pod-delete-terminating",
+            Validate,
+            &[0, 1, 2, 3],
+            &["pass", "pass", "pass", "pass"],
+        ),
+        (
+            "pod-delete-namespace-teardown",
+            Validate,
+            &[0, 1, 2],
+            &["exempt", "exempt", "exempt"],
+        ),
+        (
+            "pod-eviction",
+            Validate,
+            &[0, 1, 10_000],
+            &["allow", "deny", "allow"],
+        ),
+        (
+            "statefulset-partition-lower",
+            Validate,
+            &[0, 1],
+            &["allow", "retry-after"],
+        ),
         ("statefulset-template-change", Mutate, &[0], &["partition"]),
         ("statefulset-reapply-unchanged", Mutate, &[0], &["pass"]),
         ("statefulset-reapply-unchanged", Validate, &[0], &["pass"]),
@@ -112,15 +159,24 @@ fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
     // 1 per 10s: b's slot is at 10 s, beyond maxHold 3 s, so retry-after 10 s.
     assert_eq!(
         decide_at(&mut limiter, &b, 0),
-        Verdict::RetryAfter { seconds: 10, slot: 10_000 }
+        Verdict::RetryAfter {
+            seconds: 10,
+            slot: 10_000
+        }
     );
     // c queues behind b: slot 20 s.
     assert_eq!(
         decide_at(&mut limiter, &c, 100),
-        Verdict::RetryAfter { seconds: 20, slot: 20_000 }
+        Verdict::RetryAfter {
+            seconds: 20,
+            slot: 20_000
+        }
     );
     // b comes back 2 s early: within maxHold, so it is held until its slot.
-    assert_eq!(decide_at(&mut limiter, &b, 8_000), Verdict::Hold { until: 10_000 });
+    assert_eq!(
+        decide_at(&mut limiter, &b, 8_000),
+        Verdict::Hold { until: 10_000 }
+    );
     // c comes back on time and is admitted on its reservation, not charged again.
     assert_eq!(decide_at(&mut limiter, &c, 20_000), Verdict::Admitted);
     assert_eq!(limiter.reservation_count(), 0);
@@ -152,11 +208,25 @@ fn gate_patch_adds_gate_label_and_annotation_and_keeps_other_gates() {
             .map(|a| a.iter().filter_map(|g| g["name"].as_str()).collect())
             .unwrap_or_default();
         assert_eq!(gates, want_gates, "{name}");
-        assert_eq!(pod["metadata"]["labels"][GATED_LABEL], json!("true"), "{name}");
-        assert_eq!(pod["metadata"]["annotations"][GATED_BY_ANNOTATION], json!("creates"), "{name}");
+        assert_eq!(
+            pod["metadata"]["labels"][GATED_LABEL],
+            json!("true"),
+            "{name}"
+        );
+        assert_eq!(
+            pod["metadata"]["annotations"][GATED_BY_ANNOTATION],
+            json!("creates"),
+            "{name}"
+        );
         let original = &req.object.as_ref().and_then(|o| o.metadata.labels.clone());
         let app = original.as_ref().and_then(|l| l.get("app").cloned());
-        assert_eq!(pod["metadata"]["labels"]["app"].as_str().map(str::to_string), app, "{name}: labels kept");
+        assert_eq!(
+            pod["metadata"]["labels"]["app"]
+                .as_str()
+                .map(str::to_string),
+            app,
+            "{name}: labels kept"
+        );
     }
 }
 
@@ -176,7 +246,10 @@ fn replicaset_pods_without_a_name_share_a_pool_identity() {
     let Classified::Churn(sts) = classify(&fixture("pod-create-statefulset")) else {
         panic!("not churn")
     };
-    assert_eq!(sts.identity, crate::limiter::Identity::Exact("pod-create:shop/db-2".into()));
+    assert_eq!(
+        sts.identity,
+        crate::limiter::Identity::Exact("pod-create:shop/db-2".into())
+    );
 }
 
 #[test]
@@ -207,7 +280,8 @@ fn retry_after_answer_is_the_exact_json_kube_apiserver_needs() {
     let req = fixture("statefulset-partition-lower");
     decide(&req, Endpoint::Validate, &policy, &mut limiter, 0);
     let decision = decide(&req, Endpoint::Validate, &policy, &mut limiter, 1_500);
-    let review = serde_json::to_value(respond(&req, &decision).into_review()).unwrap_or(Value::Null);
+    let review =
+        serde_json::to_value(respond(&req, &decision).into_review()).unwrap_or(Value::Null);
     let expected = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -227,7 +301,12 @@ fn retry_after_answer_is_the_exact_json_kube_apiserver_needs() {
     assert_eq!(review, expected);
 }
 
-fn change(template_changed: bool, replicas: u32, old: u32, written: Option<u32>) -> StatefulSetChange {
+fn change(
+    template_changed: bool,
+    replicas: u32,
+    old: u32,
+    written: Option<u32>,
+) -> StatefulSetChange {
     StatefulSetChange {
         uid: "uid".into(),
         rolling_update: true,
@@ -256,11 +335,31 @@ fn partition_plan_table() {
     };
     // (case, change, expected plan)
     let cases: Vec<(&str, StatefulSetChange, Option<PartitionPlan>)> = vec![
-        ("template change holds at replicas, target 0", change(true, 3, 0, Some(0)), plan(3, 0)),
-        ("template change without a partition field", change(true, 3, 0, None), plan(3, 0)),
-        ("template change with a writer's partition 1", change(true, 3, 0, Some(1)), plan(3, 1)),
-        ("re-apply with no change is not paced", change(false, 3, 0, Some(0)), None),
-        ("writer's partition at replicas needs no pacing", change(true, 3, 0, Some(3)), None),
+        (
+            "template change holds at replicas, target 0",
+            change(true, 3, 0, Some(0)),
+            plan(3, 0),
+        ),
+        (
+            "template change without a partition field",
+            change(true, 3, 0, None),
+            plan(3, 0),
+        ),
+        (
+            "template change with a writer's partition 1",
+            change(true, 3, 0, Some(1)),
+            plan(3, 1),
+        ),
+        (
+            "re-apply with no change is not paced",
+            change(false, 3, 0, Some(0)),
+            None,
+        ),
+        (
+            "writer's partition at replicas needs no pacing",
+            change(true, 3, 0, Some(3)),
+            None,
+        ),
         (
             "writer lowers the target mid-rollout: held stays",
             paced(change(false, 3, 2, Some(0)), 1),
@@ -317,7 +416,10 @@ fn partition_action_skips_on_delete_and_excluded_writers() {
     let policy = policy();
     let mut limiter = Limiter::new(1_000);
     let mut on_delete = fixture("statefulset-template-change");
-    for object in [on_delete.object.as_mut(), on_delete.old_object.as_mut()].into_iter().flatten() {
+    for object in [on_delete.object.as_mut(), on_delete.old_object.as_mut()]
+        .into_iter()
+        .flatten()
+    {
         object.data["spec"]["updateStrategy"] = json!({ "type": "OnDelete" });
     }
     let decision = decide(&on_delete, Endpoint::Mutate, &policy, &mut limiter, 0);
@@ -326,7 +428,11 @@ fn partition_action_skips_on_delete_and_excluded_writers() {
     let mut self_paced = fixture("statefulset-template-change");
     self_paced.user_info.username = Some("self-paced".into());
     let decision = decide(&self_paced, Endpoint::Mutate, &policy, &mut limiter, 0);
-    assert_eq!(decision.verdict.label(), "no-rule", "excluded writer is not held");
+    assert_eq!(
+        decision.verdict.label(),
+        "no-rule",
+        "excluded writer is not held"
+    );
     // ...and its rollout is charged on /validate like any partition decrease.
     let decision = decide(&self_paced, Endpoint::Validate, &policy, &mut limiter, 0);
     assert_eq!(decision.rule.as_deref(), Some("partition-steps"));
@@ -344,7 +450,10 @@ fn partition_patch_applies_to_the_statefulset() {
     };
     let mut sts = serde_json::to_value(req.object.clone()).unwrap_or(Value::Null);
     json_patch::patch(&mut sts, &patch).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"], json!(3));
+    assert_eq!(
+        sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+        json!(3)
+    );
     assert_eq!(
         sts["metadata"]["annotations"]["churn-throttler.io/partition-target"],
         json!("0")

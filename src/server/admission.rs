@@ -3,6 +3,7 @@
 use super::state::{now_millis, AppState};
 use crate::admission::{decide, respond, Endpoint, PassReason, Verdict};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -12,10 +13,12 @@ use kube::core::DynamicObject;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+type Body = Result<Bytes, BytesRejection>;
+
 pub async fn validate(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     handle(state, Endpoint::Validate, headers, body).await
 }
@@ -23,7 +26,7 @@ pub async fn validate(
 pub async fn mutate(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     handle(state, Endpoint::Mutate, headers, body).await
 }
@@ -32,9 +35,38 @@ async fn handle(
     state: Arc<AppState>,
     endpoint: Endpoint,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let started = Instant::now();
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "too-large"
+            } else {
+                "unreadable-body"
+            };
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&[reason])
+                .inc();
+            state
+                .metrics
+                .http_requests
+                .with_label_values(&[endpoint.as_str(), status.as_str()])
+                .inc();
+            return error_response(
+                status,
+                format!(
+                    "churn-throttler: cannot read the request body ({}); the limit is {} bytes",
+                    rejection.body_text(),
+                    state.max_body_bytes
+                ),
+            );
+        }
+    };
     let deadline = state.policy().server_deadline();
     let response =
         match tokio::time::timeout(deadline, review(&state, endpoint, &headers, &body)).await {

@@ -1,0 +1,651 @@
+//! The real router over real HTTPS: fixtures in, AdmissionReviews out, plus the guards,
+//! reloads, probes and metrics. Servers listen on 127.0.0.1 with port 0.
+
+use churn_throttler::cli::ServeArgs;
+use churn_throttler::serve::{start, Running};
+use churn_throttler::server::certgen::{self, CertAuthority};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const POLICY: &str = r#"
+timeoutSeconds: 10
+rules:
+  - name: sts-rollouts
+    match: { resources: [statefulsets], operations: [UPDATE] }
+    limit: { events: 2, window: 10s }
+    action: partition
+  - name: creates
+    match: { resources: [pods], operations: [CREATE], controllerKinds: [ReplicaSet] }
+    limit: { events: 1, window: 60s }
+    action: gate
+  - name: sts-creates
+    match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }
+    limit: { events: 1, window: 60s }
+    action: warn
+  - name: deletes
+    match: { resources: [pods], operations: [DELETE] }
+    limit: { events: 1, window: 2s }
+    action: hold
+    maxHold: 3s
+  - name: evictions
+    match: { resources: [pods/eviction], operations: [CREATE] }
+    limit: { events: 1, window: 60s }
+    action: retry-after
+  - name: partition-steps
+    match: { resources: [statefulsets], operations: [UPDATE] }
+    limit: { events: 1, window: 60s }
+    action: deny
+exempt:
+  users: [system:serviceaccount:kube-system:namespace-controller]
+"#;
+
+struct Harness {
+    dir: tempfile::TempDir,
+    ca: CertAuthority,
+    running: Option<Running>,
+    client: reqwest::Client,
+    base: String,
+    metrics: String,
+}
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn write_pair(dir: &Path, ca: &CertAuthority, until: time::Duration) -> (PathBuf, PathBuf) {
+    let pair = certgen::issue_serving(
+        ca,
+        &["localhost", "127.0.0.1"],
+        time::Duration::hours(-2),
+        until,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let cert = dir.join("tls.crt");
+    let key = dir.join("tls.key");
+    std::fs::write(&cert, pair.cert_pem).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&key, pair.key_pem).unwrap_or_else(|e| panic!("{e}"));
+    (cert, key)
+}
+
+fn args(dir: &Path) -> ServeArgs {
+    ServeArgs {
+        config: Some(dir.join("policy.yaml")),
+        tls_cert: Some(dir.join("tls.crt")),
+        tls_key: Some(dir.join("tls.key")),
+        client_ca: None,
+        listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+        metrics_listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+        dev: false,
+        dev_dir: dir.join("dev"),
+        reload_interval: Duration::from_millis(50),
+        shutdown_delay: Duration::from_millis(300),
+        drain_timeout: Duration::from_secs(5),
+        max_body_bytes: 256 * 1024,
+        log_format: "text".into(),
+    }
+}
+
+fn client_for(ca: &CertAuthority) -> reqwest::Client {
+    let root =
+        reqwest::Certificate::from_pem(ca.cert_pem.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root)
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+impl Harness {
+    async fn start() -> Harness {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(adjust: impl FnOnce(&mut ServeArgs)) -> Harness {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let ca = certgen::new_ca("test CA").unwrap_or_else(|e| panic!("{e}"));
+        write_pair(dir.path(), &ca, time::Duration::days(1));
+        std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = args(dir.path());
+        adjust(&mut a);
+        let running = start(a).await.unwrap_or_else(|e| panic!("{e:#}"));
+        let base = format!("https://localhost:{}", running.tls_addr.port());
+        let metrics = format!("http://{}", running.metrics_addr);
+        Harness {
+            client: client_for(&ca),
+            dir,
+            ca,
+            running: Some(running),
+            base,
+            metrics,
+        }
+    }
+
+    async fn post(&self, path: &str, content_type: &str, body: String) -> (u16, String) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("Content-Type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
+    async fn review(&self, path: &str, fixture_name: &str) -> Value {
+        let (status, body) = self
+            .post(path, "application/json", fixture(fixture_name))
+            .await;
+        assert_eq!(status, 200, "{fixture_name}: {body}");
+        let review: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        review["response"].clone()
+    }
+
+    async fn metrics_text(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.metrics))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .text()
+            .await
+            .unwrap_or_default()
+    }
+
+    async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+
+    async fn stop(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+    }
+}
+
+fn uid_of(fixture_name: &str) -> String {
+    let review: Value = serde_json::from_str(&fixture(fixture_name)).unwrap_or(Value::Null);
+    review["request"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn every_fixture_gets_an_answer_with_its_uid() {
+    let mut h = Harness::start().await;
+    // (fixture, endpoint, allowed, has patch)
+    let cases: &[(&str, &str, bool, bool)] = &[
+        ("pod-create-replicaset", "/mutate", true, false),
+        ("pod-create-replicaset", "/mutate", true, true),
+        ("pod-create-bound", "/mutate", true, false),
+        ("pod-create-dry-run", "/mutate", true, true),
+        ("pod-create-statefulset", "/validate", true, false),
+        ("pod-delete-terminating", "/validate", true, false),
+        ("pod-delete-namespace-teardown", "/validate", true, false),
+        ("pod-eviction", "/validate", true, false),
+        ("pod-eviction", "/validate", false, false),
+        ("statefulset-template-change", "/mutate", true, true),
+        ("statefulset-reapply-unchanged", "/mutate", true, false),
+        ("statefulset-partition-lower", "/validate", true, false),
+        ("statefulset-partition-lower", "/validate", false, false),
+        ("configmap-create", "/validate", true, false),
+        ("pod-status-update", "/validate", true, false),
+    ];
+    for (name, path, allowed, patched) in cases {
+        let response = h.review(path, name).await;
+        assert_eq!(response["uid"], json!(uid_of(name)), "{name}");
+        assert_eq!(
+            response["allowed"],
+            json!(allowed),
+            "{name} {path}: {response}"
+        );
+        assert_eq!(
+            response.get("patch").is_some(),
+            *patched,
+            "{name} {path}: {response}"
+        );
+        if *patched {
+            assert_eq!(response["patchType"], json!("JSONPatch"), "{name}");
+        }
+    }
+    let unhandled = h
+        .metric("churn_throttler_unhandled_requests_total{reason=\"kind-or-subresource\"}")
+        .await;
+    assert_eq!(
+        unhandled, 2.0,
+        "configmap and pods/status are counted as unhandled"
+    );
+    let gated = h
+        .metric("churn_throttler_gated_pods_total{rule=\"creates\"}")
+        .await;
+    assert_eq!(
+        gated, 2.0,
+        "the second ReplicaSet pod and the dry run were gated"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_eviction_gets_429_with_retry_after() {
+    let mut h = Harness::start().await;
+    let mut other: Value = serde_json::from_str(&fixture("pod-eviction")).unwrap_or(Value::Null);
+    other["request"]["name"] = json!("web-5d9c7b8f6d-other");
+    other["request"]["uid"] = json!("11111111-2222-3333-4444-555555555555");
+    assert_eq!(
+        h.review("/validate", "pod-eviction").await["allowed"],
+        json!(true)
+    );
+    let (status, body) = h
+        .post("/validate", "application/json", other.to_string())
+        .await;
+    assert_eq!(status, 200);
+    let review: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let status_obj = &review["response"]["status"];
+    assert_eq!(review["response"]["allowed"], json!(false));
+    assert_eq!(status_obj["code"], json!(429));
+    assert_eq!(status_obj["reason"], json!("TooManyRequests"));
+    let seconds = status_obj["details"]["retryAfterSeconds"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!((59..=60).contains(&seconds), "retryAfterSeconds {seconds}");
+    let message = status_obj["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("churn-throttler: rule \"evictions\" allows 1 per 1m (global)"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("retry after {seconds}s")),
+        "{message}"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn deny_and_warn_and_hold_end_to_end() {
+    let mut h = Harness::start().await;
+    // deny: a second partition decrease inside the minute, with no retry hint.
+    let mut lower: Value =
+        serde_json::from_str(&fixture("statefulset-partition-lower")).unwrap_or(Value::Null);
+    assert_eq!(
+        h.review("/validate", "statefulset-partition-lower").await["allowed"],
+        json!(true)
+    );
+    lower["request"]["object"]["metadata"]["uid"] = json!("another-statefulset");
+    let (_, body) = h
+        .post("/validate", "application/json", lower.to_string())
+        .await;
+    let denied: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(denied["response"]["allowed"], json!(false));
+    assert_eq!(denied["response"]["status"]["code"], json!(429));
+    assert!(
+        denied["response"]["status"].get("details").is_none(),
+        "deny has no retryAfterSeconds: {denied}"
+    );
+
+    // warn: allowed with a warning once over the limit.
+    let mut sts_pod: Value =
+        serde_json::from_str(&fixture("pod-create-statefulset")).unwrap_or(Value::Null);
+    sts_pod["request"]["object"]["metadata"]["ownerReferences"][0]["kind"] = json!("StatefulSet");
+    assert!(h
+        .review("/validate", "pod-create-statefulset")
+        .await
+        .get("warnings")
+        .is_none());
+    sts_pod["request"]["object"]["metadata"]["name"] = json!("db-1");
+    let (_, body) = h
+        .post("/validate", "application/json", sts_pod.to_string())
+        .await;
+    let warned: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(warned["response"]["allowed"], json!(true));
+    let warning = warned["response"]["warnings"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        warning.contains("warn only") && warning.contains("sts-creates"),
+        "{warning}"
+    );
+
+    // hold: two different deletes in a 2 s window of 1: the second is held, then allowed.
+    let mut second: Value =
+        serde_json::from_str(&fixture("pod-delete-running")).unwrap_or(Value::Null);
+    second["request"]["name"] = json!("another-pod");
+    assert_eq!(
+        h.review("/validate", "pod-delete-running").await["allowed"],
+        json!(true)
+    );
+    let (_, body) = h
+        .post("/validate", "application/json", second.to_string())
+        .await;
+    let held: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    assert_eq!(held["response"]["allowed"], json!(true), "{held}");
+    assert_eq!(
+        h.metric("churn_throttler_hold_duration_seconds_count")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("churn_throttler_decisions_total{action=\"hold\",operation=\"DELETE\",rule=\"deletes\"}").await,
+        1.0
+    );
+    assert_eq!(h.metric("churn_throttler_held_requests").await, 0.0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_http_errors_and_the_server_keeps_serving() {
+    let mut h = Harness::start().await;
+    let (status, body) = h
+        .post("/validate", "application/json", fixture("malformed"))
+        .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("not an AdmissionReview"), "{body}");
+    let (status, body) = h
+        .post("/validate", "text/plain", fixture("pod-eviction"))
+        .await;
+    assert_eq!(status, 415);
+    assert!(body.contains("application/json"), "{body}");
+    let (status, body) = h
+        .post(
+            "/validate",
+            "application/json",
+            fixture("review-without-request"),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("no request"), "{body}");
+    let (status, body) = h
+        .post(
+            "/validate",
+            "application/json",
+            fixture("review-without-uid"),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("uid"), "{body}");
+    let huge = format!("{{\"padding\":\"{}\"}}", "x".repeat(300 * 1024));
+    let (status, body) = h.post("/mutate", "application/json", huge).await;
+    assert_eq!(status, 413);
+    assert!(body.contains("262144 bytes"), "{body}");
+    let (status, _) = h.post("/nope", "application/json", "{}".into()).await;
+    assert_eq!(status, 404);
+    // Nothing of that disturbed the server.
+    assert_eq!(
+        h.review("/validate", "pod-eviction").await["allowed"],
+        json!(true)
+    );
+    let text = h.metrics_text().await;
+    // A review without a uid fails to decode, so it counts as malformed too.
+    for (reason, count) in [
+        ("malformed", 2),
+        ("content-type", 1),
+        ("no-request", 1),
+        ("too-large", 1),
+    ] {
+        let series = format!("churn_throttler_bad_requests_total{{reason=\"{reason}\"}} {count}");
+        assert!(text.contains(&series), "{series} missing");
+    }
+    assert!(
+        text.contains("churn_throttler_http_requests_total{code=\"400\",endpoint=\"validate\"} 3")
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn probes_metrics_and_not_ready_before_drain() {
+    let mut h = Harness::start().await;
+    let ready = reqwest::get(format!("{}/readyz", h.metrics))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ready.status().as_u16(), 200);
+    let health = reqwest::get(format!("{}/healthz", h.metrics))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(health.status().as_u16(), 200);
+    h.review("/validate", "pod-eviction").await;
+    let text = h.metrics_text().await;
+    for name in [
+        "churn_throttler_decisions_total",
+        "churn_throttler_admission_duration_seconds_bucket",
+        "churn_throttler_window_limit",
+        "churn_throttler_window_usage",
+        "churn_throttler_held_requests",
+        "churn_throttler_reservations_open",
+        "churn_throttler_ready 1",
+    ] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    // Shutdown: not ready first while still answering, then gone.
+    let running = h.running.take().unwrap_or_else(|| panic!("running"));
+    let metrics = h.metrics.clone();
+    let stopper = tokio::spawn(running.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let during = reqwest::get(format!("{metrics}/readyz"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        during.status().as_u16(),
+        503,
+        "not ready during the shutdown delay"
+    );
+    assert_eq!(
+        h.review("/validate", "pod-create-statefulset").await["allowed"],
+        json!(true),
+        "still answering"
+    );
+    stopper.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        reqwest::get(format!("{metrics}/healthz")).await.is_err(),
+        "stopped"
+    );
+}
+
+#[tokio::test]
+async fn certificate_rotates_twice_and_a_bad_pair_keeps_the_last_good_one() {
+    let mut h = Harness::start().await;
+    assert_eq!(
+        h.review("/validate", "pod-create-statefulset").await["allowed"],
+        json!(true)
+    );
+    for round in 1..=2 {
+        let ca = certgen::new_ca(&format!("rotated CA {round}")).unwrap_or_else(|e| panic!("{e}"));
+        write_pair(h.dir.path(), &ca, time::Duration::days(1));
+        let client = client_for(&ca);
+        let mut served = false;
+        for _ in 0..100 {
+            let attempt = client
+                .post(format!("{}/validate", h.base))
+                .header("Content-Type", "application/json")
+                .body(fixture("pod-create-statefulset"))
+                .send()
+                .await;
+            if attempt.is_ok() {
+                served = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            served,
+            "round {round}: the new certificate was never served"
+        );
+        h.ca = ca;
+        h.client = client_for(&h.ca);
+    }
+    assert_eq!(
+        h.metric("churn_throttler_reloads_total{kind=\"certificate\",result=\"success\"}")
+            .await,
+        2.0
+    );
+
+    // A key that does not match the certificate: refused, the last good pair stays.
+    let other = certgen::issue_serving(
+        &h.ca,
+        &["localhost"],
+        time::Duration::hours(-1),
+        time::Duration::days(1),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(h.dir.path().join("tls.key"), other.key_pem).unwrap_or_else(|e| panic!("{e}"));
+    let mut counted = false;
+    for _ in 0..100 {
+        if h.metric("churn_throttler_reloads_total{kind=\"certificate\",result=\"error\"}")
+            .await
+            >= 1.0
+        {
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(counted, "the mismatched pair was not reported");
+    assert_eq!(
+        h.review("/validate", "pod-create-statefulset").await["allowed"],
+        json!(true)
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn policy_reload_applies_good_files_and_keeps_the_last_good_one() {
+    let mut h = Harness::start().await;
+    let path = h.dir.path().join("policy.yaml");
+    std::fs::write(&path, "rules: [\n").unwrap_or_else(|e| panic!("{e}"));
+    let mut errors = 0.0;
+    for _ in 0..100 {
+        errors = h
+            .metric("churn_throttler_reloads_total{kind=\"policy\",result=\"error\"}")
+            .await;
+        if errors >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(errors, 1.0);
+    assert_eq!(
+        h.metric("churn_throttler_policy_rules").await,
+        6.0,
+        "the last good policy stays"
+    );
+    // A good file with one rule takes effect.
+    let one = "rules:\n  - name: only\n    match: { resources: [pods/eviction], operations: [CREATE] }\n    limit: { events: 5, window: 1s }\n    action: deny\n";
+    std::fs::write(&path, one).unwrap_or_else(|e| panic!("{e}"));
+    let mut rules = 0.0;
+    for _ in 0..100 {
+        rules = h.metric("churn_throttler_policy_rules").await;
+        if rules == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rules, 1.0);
+    assert_eq!(
+        h.metric("churn_throttler_window_limit{rule=\"only\"}")
+            .await,
+        5.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn start_refuses_missing_expired_and_mismatched_certificates() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap_or_else(|e| panic!("{e}"));
+    let ca = certgen::new_ca("ca").unwrap_or_else(|e| panic!("{e}"));
+
+    let missing = start(args(dir.path()))
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        missing.contains("cannot read") && missing.contains("tls.crt"),
+        "{missing}"
+    );
+
+    write_pair(dir.path(), &ca, time::Duration::hours(-1));
+    let expired = start(args(dir.path()))
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(expired.contains("expired"), "{expired}");
+
+    write_pair(dir.path(), &ca, time::Duration::days(1));
+    let other = certgen::issue_serving(
+        &ca,
+        &["x"],
+        time::Duration::hours(-1),
+        time::Duration::days(1),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("tls.key"), other.key_pem).unwrap_or_else(|e| panic!("{e}"));
+    let mismatched = start(args(dir.path()))
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(mismatched.contains("does not match"), "{mismatched}");
+
+    std::fs::write(dir.path().join("policy.yaml"), "rules: 7\n").unwrap_or_else(|e| panic!("{e}"));
+    let policy = start(args(dir.path()))
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(policy.contains("policy.yaml:1"), "{policy}");
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_when_a_client_ca_is_set() {
+    let client_ca = certgen::new_ca("apiserver client CA").unwrap_or_else(|e| panic!("{e}"));
+    let ca_file = tempfile::NamedTempFile::new().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(ca_file.path(), &client_ca.cert_pem).unwrap_or_else(|e| panic!("{e}"));
+    let ca_path = ca_file.path().to_path_buf();
+    let mut h = Harness::start_with(|a| a.client_ca = Some(ca_path)).await;
+    let anonymous = h
+        .client
+        .post(format!("{}/validate", h.base))
+        .header("Content-Type", "application/json")
+        .body(fixture("pod-eviction"))
+        .send()
+        .await;
+    assert!(
+        anonymous.is_err(),
+        "a client without a certificate must be refused"
+    );
+
+    let pair =
+        certgen::issue_client(&client_ca, "kube-apiserver").unwrap_or_else(|e| panic!("{e}"));
+    let identity =
+        reqwest::Identity::from_pem(format!("{}{}", pair.cert_pem, pair.key_pem).as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"));
+    let root =
+        reqwest::Certificate::from_pem(h.ca.cert_pem.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root)
+        .identity(identity)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let response = client
+        .post(format!("{}/validate", h.base))
+        .header("Content-Type", "application/json")
+        .body(fixture("pod-eviction"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("with a client certificate: {e}"));
+    assert_eq!(response.status().as_u16(), 200);
+    h.stop().await;
+}
