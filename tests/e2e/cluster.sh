@@ -225,7 +225,7 @@ EOF
   chmod 600 "$pki/tokens.csv"
 
   local ports etcd_port etcd_peer_port api_port kcm_port sched_port kwok_port
-  ports=($(_cl_free_ports 6)) || return 1
+  read -r -a ports <<<"$(_cl_free_ports 6)" || return 1
   (( ${#ports[@]} == 6 )) || { _cl_log "ERROR: could not pick free ports"; return 1; }
   etcd_port=${ports[0]} etcd_peer_port=${ports[1]} api_port=${ports[2]}
   kcm_port=${ports[3]} sched_port=${ports[4]} kwok_port=${ports[5]}

@@ -76,6 +76,8 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
 
 t=$(now_ms)
 cluster_up "$W" 3 || fail "cluster up failed (logs in $W/logs)"
