@@ -18,7 +18,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the admission server (HTTPS) and the metrics/probe server (HTTP).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a policy file; prints the error with file and line, exits non-zero.
     CheckConfig {
         /// The policy YAML file.

@@ -25,7 +25,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(churn_throttler::serve::run(args)) {
+            match runtime.block_on(churn_throttler::serve::run(*args)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("churn-throttler: {e:#}");

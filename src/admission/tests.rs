@@ -146,7 +146,7 @@ fn each_fixture_gets_the_expected_sequence_of_actions() {
 fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
     let policy = policy();
     let mut limiter = Limiter::new(1_000);
-    let mut request = |pod: &str| {
+    let request = |pod: &str| {
         let mut req = fixture("pod-delete-running");
         req.name = pod.to_string();
         req
