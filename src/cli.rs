@@ -78,6 +78,43 @@ pub struct ServeArgs {
     /// Log format: text or json.
     #[arg(long, env = "CHURN_THROTTLER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
+    #[command(flatten)]
+    pub releaser: ReleaserArgs,
+}
+
+/// The gate releaser inside `serve` (see docs/releaser.md).
+#[derive(Args, Debug, Clone)]
+pub struct ReleaserArgs {
+    /// Run the gate releaser (one replica releases, elected through a Lease).
+    /// On by default, off by default with --dev; `--releaser=false` turns it off.
+    #[arg(long = "releaser", env = "CHURN_THROTTLER_RELEASER", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enabled: Option<bool>,
+    /// Name of the coordination.k8s.io Lease the replicas elect the releaser with.
+    #[arg(
+        long,
+        env = "CHURN_THROTTLER_LEASE_NAME",
+        default_value = "churn-throttler-releaser"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease [default: $POD_NAMESPACE, else churn-throttler].
+    #[arg(long, env = "CHURN_THROTTLER_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// This replica's name in the Lease [default: $POD_NAME, else host name and process id].
+    #[arg(long, env = "CHURN_THROTTLER_IDENTITY")]
+    pub identity: Option<String>,
+}
+
+impl ReleaserArgs {
+    /// Turned off, for embedding `serve` where no cluster is wanted (tests).
+    pub fn disabled() -> ReleaserArgs {
+        ReleaserArgs {
+            enabled: Some(false),
+            lease_name: "churn-throttler-releaser".into(),
+            lease_namespace: None,
+            identity: None,
+        }
+    }
 }
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {

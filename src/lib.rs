@@ -6,5 +6,6 @@ pub mod cli;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;
+pub mod releaser;
 pub mod serve;
 pub mod server;

@@ -32,6 +32,22 @@ pub struct Metrics {
     pub gated_pods: IntCounterVec,
     pub policy_rules: IntGauge,
     pub ready: IntGauge,
+    /// releaser: pods waiting behind the gate, by rule ("(none)" when the rule is gone)
+    pub gate_queue: IntGaugeVec,
+    /// releaser: released pods not yet Ready, by rule (what maxNotReady counts)
+    pub gate_not_ready: IntGaugeVec,
+    /// releaser: gates lifted, by rule and reason (rate, rule-gone, ungated-elsewhere)
+    pub gate_releases: IntCounterVec,
+    /// releaser: release patches that failed, by reason (conflict, gone, error)
+    pub gate_release_failures: IntCounterVec,
+    /// releaser: seconds from pod creation to release, by rule
+    pub gate_wait: HistogramVec,
+    /// releaser: 1 while this replica holds the lease
+    pub releaser_leader: IntGauge,
+    /// releaser: failed API calls by operation (lease, watch, patch, event)
+    pub releaser_api_errors: IntCounterVec,
+    /// releaser: Events written on gated pods
+    pub gate_events: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -88,6 +104,18 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("histogram: {e}"));
         register(&registry, Box::new(hold_duration.clone()));
+        let gate_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_gate_wait_seconds",
+                "Time pods spent behind the scheduling gate, from creation to release, by rule.",
+            )
+            .buckets(vec![
+                0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+            ]),
+            &["rule"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(&registry, Box::new(gate_wait.clone()));
         Metrics {
             decisions: counter_vec(
                 &registry,
@@ -159,6 +187,48 @@ impl Metrics {
                 &registry,
                 "churn_throttler_ready",
                 "1 while the server is ready to take admission reviews.",
+            ),
+            gate_queue: gauge_vec(
+                &registry,
+                "churn_throttler_gate_queue_pods",
+                "Pods waiting behind the scheduling gate, by rule (as seen by the leading releaser).",
+                &["rule"],
+            ),
+            gate_not_ready: gauge_vec(
+                &registry,
+                "churn_throttler_gate_released_not_ready_pods",
+                "Released pods not yet Ready, by rule (what maxNotReady counts).",
+                &["rule"],
+            ),
+            gate_releases: counter_vec(
+                &registry,
+                "churn_throttler_gate_releases_total",
+                "Scheduling gates lifted, by rule and reason (rate, rule-gone, ungated-elsewhere).",
+                &["rule", "reason"],
+            ),
+            gate_release_failures: counter_vec(
+                &registry,
+                "churn_throttler_gate_release_failures_total",
+                "Release patches refused, by reason (conflict: the pod changed; gone; error).",
+                &["reason"],
+            ),
+            gate_wait,
+            releaser_leader: gauge(
+                &registry,
+                "churn_throttler_releaser_leader",
+                "1 while this replica holds the releaser's lease.",
+            ),
+            releaser_api_errors: counter_vec(
+                &registry,
+                "churn_throttler_releaser_api_errors_total",
+                "Failed API calls of the releaser, by operation (lease, watch, patch, event).",
+                &["operation"],
+            ),
+            gate_events: counter_vec(
+                &registry,
+                "churn_throttler_gate_events_total",
+                "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady).",
+                &["reason"],
             ),
             registry,
         }

@@ -118,6 +118,12 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+    match crate::releaser::config_from_args(&args) {
+        Some(config) => {
+            tasks.spawn(crate::releaser::run(config, state.clone(), stop_rx.clone()));
+        }
+        None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
+    }
     state.set_tls_up();
     tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
     Ok(Running {

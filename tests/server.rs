@@ -84,6 +84,7 @@ fn args(dir: &Path) -> ServeArgs {
         drain_timeout: Duration::from_secs(5),
         max_body_bytes: 256 * 1024,
         log_format: "text".into(),
+        releaser: churn_throttler::cli::ReleaserArgs::disabled(),
     }
 }
 

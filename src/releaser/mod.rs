@@ -1,0 +1,120 @@
+//! The gate releaser: lifts churn-throttler's scheduling gate at each rule's rate.
+//! `plan` and `pods` are pure; `lease` and `controller` talk to the API server.
+//!
+//! It runs inside `serve` on every replica; a Lease picks the one that releases. All
+//! of its state lives on the pods (the gate, the `churn-throttler.io/gated` label, the
+//! gated-by and released-at annotations), so a restart or a failover loses nothing.
+//! User-facing documentation: docs/releaser.md.
+
+pub mod controller;
+pub mod lease;
+pub mod plan;
+pub mod pods;
+
+pub use controller::{run, Config};
+pub use lease::LeaseConfig;
+pub use pods::{LABEL_GATED, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
+
+/// The Lease's namespace: `--lease-namespace`, else $POD_NAMESPACE, else churn-throttler.
+pub fn default_namespace(flag: Option<&str>, pod_namespace: Option<&str>) -> String {
+    flag.or(pod_namespace)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("churn-throttler")
+        .to_string()
+}
+
+/// This replica's identity in the Lease: `--identity`, else $POD_NAME, else the host
+/// name with the process id (two processes on one host must never share an identity,
+/// or both would think they hold the lease).
+pub fn default_identity(
+    flag: Option<&str>,
+    pod_name: Option<&str>,
+    hostname: Option<&str>,
+    pid: u32,
+) -> String {
+    if let Some(id) = flag.or(pod_name).filter(|s| !s.is_empty()) {
+        return id.to_string();
+    }
+    let host = hostname
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("churn-throttler");
+    format!("{host}-{pid}")
+}
+
+/// The host name, as the kernel has it (no extra crate for one file read).
+pub fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+}
+
+/// The releaser's configuration from `serve`'s flags; None when it is turned off
+/// (`--releaser=false`, or `--dev` without an explicit `--releaser`).
+pub fn config_from_args(args: &crate::cli::ServeArgs) -> Option<Config> {
+    let flags = &args.releaser;
+    if !flags.enabled.unwrap_or(!args.dev) {
+        return None;
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    let namespace = default_namespace(
+        flags.lease_namespace.as_deref(),
+        env("POD_NAMESPACE").as_deref(),
+    );
+    let identity = default_identity(
+        flags.identity.as_deref(),
+        env("POD_NAME").as_deref(),
+        hostname().as_deref(),
+        std::process::id(),
+    );
+    Some(Config::new(LeaseConfig::new(
+        flags.lease_name.clone(),
+        namespace,
+        identity,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_of_identities() {
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+            &'static str,
+        );
+        let cases: &[Case] = &[
+            ("flag wins", Some("me"), Some("pod-1"), Some("host"), "me"),
+            ("pod name next", None, Some("pod-1"), Some("host"), "pod-1"),
+            (
+                "empty pod name ignored",
+                None,
+                Some(""),
+                Some("host"),
+                "host-7",
+            ),
+            ("host name with pid", None, None, Some("host\n"), "host-7"),
+            ("nothing known", None, None, None, "churn-throttler-7"),
+        ];
+        for (name, flag, pod, host, want) in cases {
+            assert_eq!(default_identity(*flag, *pod, *host, 7), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn table_of_lease_namespaces() {
+        assert_eq!(default_namespace(Some("x"), Some("y")), "x");
+        assert_eq!(default_namespace(None, Some("y")), "y");
+        assert_eq!(default_namespace(None, None), "churn-throttler");
+        assert_eq!(default_namespace(Some(""), None), "churn-throttler");
+    }
+}

@@ -1,0 +1,461 @@
+//! The release plan: which gated pods to release now, and when to look again.
+//! Pure: the queue, readiness, the policy, the windows and `now` come in; nothing here
+//! reads a clock, sleeps or talks to the API server.
+//!
+//! Order: the orphans first (pods whose rule is no longer a gate rule of the policy:
+//! they are released at once, never stranded), then, per gate rule, round-robin across
+//! namespaces (a cursor remembers the last namespace served, so one slot per round
+//! still rotates) and oldest first within a namespace. A release must fit every limit
+//! of its rule in the shared limiter and keep the rule's released-but-not-Ready pods
+//! within `maxNotReady`. With an `owner`-scoped limit a namespace's oldest pod may be
+//! passed over for a younger one of another owner whose bucket has room, so one
+//! controller's budget never blocks another's.
+
+use crate::limiter::{Limiter, Millis};
+use crate::policy::{Action, Policy, Rule, Scope};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// At most this many releases per round; the rest follow in the next round at once.
+/// Bounds the burst of API calls one round makes, not the rate (the limiter does that).
+pub const MAX_RELEASES_PER_ROUND: usize = 100;
+
+/// How far an `owner`-scoped rule looks past a namespace's oldest pod for one that fits.
+const OWNER_SCAN: usize = 64;
+
+/// A pod that carries churn-throttler's gate and waits for its release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The rule named by the gated-by annotation; empty when the annotation is missing.
+    pub rule: String,
+    /// The controller's UID, for `owner`-scoped limits.
+    pub owner: Option<String>,
+    /// creationTimestamp (second precision, as the API server keeps it).
+    pub created: Millis,
+}
+
+/// A pod churn-throttler released (label `released`), kept until it is Ready and out of
+/// every window, so that windows and readiness can be rebuilt from the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub rule: String,
+    pub owner: Option<String>,
+    /// From the released-at annotation; None when it is missing or unreadable.
+    pub released_at: Option<Millis>,
+    /// Ready, finished or being deleted: it no longer counts against maxNotReady.
+    pub settled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseWhy {
+    /// Its rule had room.
+    Rate,
+    /// Its rule is gone from the policy (or no longer gates): released at once.
+    RuleGone,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    /// Index into the queue that was planned.
+    pub index: usize,
+    /// The policy's rule (None for orphans).
+    pub rule: Option<Arc<str>>,
+    pub why: ReleaseWhy,
+    /// Time from creation to this release.
+    pub waited_ms: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// The rule's windows are full.
+    Rate,
+    /// The rule's released pods that are not Ready reached maxNotReady.
+    NotReady { not_ready: u32, max: u32 },
+}
+
+/// Pods of one rule in one namespace that still wait after this round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub rule: Arc<str>,
+    pub namespace: String,
+    pub pods: usize,
+    /// Queue index of the oldest pod waiting here (the one an Event is attached to).
+    pub head: usize,
+    pub blocked: Blocked,
+    /// Estimated wait for this namespace's next release (None: waits on readiness).
+    pub next_in_ms: Option<Millis>,
+    /// Estimated wait for this namespace's last waiting pod, at the rate alone.
+    pub last_in_ms: Option<Millis>,
+    /// Pods and namespaces waiting for this rule in the whole cluster.
+    pub rule_pods: usize,
+    pub rule_namespaces: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// In the order they should be sent.
+    pub releases: Vec<Release>,
+    /// When a pod that waits for the rate could go (None: nothing waits on time).
+    pub wake_at: Option<Millis>,
+    pub waiting: Vec<Waiting>,
+}
+
+/// The round-robin position per rule: the namespace served last.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cursor {
+    last: HashMap<Arc<str>, String>,
+}
+
+impl Cursor {
+    pub fn last(&self, rule: &str) -> Option<&str> {
+        self.last.get(rule).map(String::as_str)
+    }
+}
+
+pub struct Inputs<'a> {
+    pub queue: &'a [QueuedPod],
+    /// Released pods not yet Ready, per rule name.
+    pub not_ready: &'a HashMap<String, u32>,
+    pub policy: &'a Policy,
+    pub now: Millis,
+    pub max_releases: usize,
+}
+
+/// The gate rule of this name, if the policy has one.
+pub fn gate_rule<'p>(policy: &'p Policy, name: &str) -> Option<&'p Rule> {
+    policy
+        .rules
+        .iter()
+        .find(|r| r.action == Action::Gate && &*r.name == name)
+}
+
+/// Decides this round's releases and charges each in `limiter` at `now`.
+pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> Plan {
+    let now = inputs.now;
+    let mut out = Plan::default();
+    let mut by_rule: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    let mut orphans = Vec::new();
+    for (index, pod) in inputs.queue.iter().enumerate() {
+        match gate_rule(inputs.policy, &pod.rule) {
+            Some(rule) => by_rule.entry(&rule.name).or_default().push(index),
+            None => orphans.push(index),
+        }
+    }
+
+    orphans.sort_by(|&a, &b| fifo(&inputs.queue[a], &inputs.queue[b]));
+    for &index in &orphans {
+        if out.releases.len() >= inputs.max_releases {
+            out.wake_at = Some(now);
+            break;
+        }
+        out.releases.push(Release {
+            index,
+            rule: None,
+            why: ReleaseWhy::RuleGone,
+            waited_ms: now.saturating_sub(inputs.queue[index].created),
+        });
+    }
+
+    // Rules in policy order, so an earlier rule is not starved of the per-round cap.
+    for rule in inputs.policy.rules.iter() {
+        let Some(indices) = by_rule.remove(&*rule.name) else {
+            continue;
+        };
+        plan_rule(rule, indices, inputs, limiter, cursor, &mut out);
+    }
+    out
+}
+
+fn fifo(a: &QueuedPod, b: &QueuedPod) -> std::cmp::Ordering {
+    (a.created, &a.name, &a.uid).cmp(&(b.created, &b.name, &b.uid))
+}
+
+fn plan_rule(
+    rule: &Rule,
+    indices: Vec<usize>,
+    inputs: &Inputs<'_>,
+    limiter: &mut Limiter,
+    cursor: &mut Cursor,
+    out: &mut Plan,
+) {
+    let queue = inputs.queue;
+    let now = inputs.now;
+    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for index in indices {
+        lanes
+            .entry(queue[index].namespace.as_str())
+            .or_default()
+            .push(index);
+    }
+    for lane in lanes.values_mut() {
+        lane.sort_by(|&a, &b| fifo(&queue[a], &queue[b]));
+    }
+    // Rotate so the namespace after the one served last comes first.
+    let mut names: Vec<&str> = lanes.keys().copied().collect();
+    if let Some(last) = cursor.last(&rule.name) {
+        let split = names.partition_point(|n| *n <= last);
+        names.rotate_left(split);
+    }
+    let mut lanes: Vec<Vec<usize>> = names
+        .iter()
+        .map(|n| lanes.remove(n).unwrap_or_default())
+        .collect();
+    let owner_scoped = rule.limits.iter().any(|l| l.scope == Scope::Owner);
+    let mut not_ready = inputs.not_ready.get(&*rule.name).copied().unwrap_or(0);
+    let mut blocked_by_readiness = false;
+    let mut blocked = vec![false; names.len()];
+
+    'rounds: loop {
+        let mut progress = false;
+        for (lane_no, lane) in lanes.iter_mut().enumerate() {
+            if blocked[lane_no] || lane.is_empty() {
+                continue;
+            }
+            if let Some(max) = rule.max_not_ready {
+                if not_ready >= max {
+                    blocked_by_readiness = true;
+                    break 'rounds;
+                }
+            }
+            if out.releases.len() >= inputs.max_releases {
+                out.wake_at = Some(now);
+                break 'rounds;
+            }
+            let scan = if owner_scoped { OWNER_SCAN } else { 1 };
+            let mut earliest = Millis::MAX;
+            let mut chosen = None;
+            for (position, &index) in lane.iter().take(scan).enumerate() {
+                let pod = &queue[index];
+                let at = limiter.earliest(
+                    &rule.name,
+                    &rule.limits,
+                    &pod.namespace,
+                    pod.owner.as_deref(),
+                    1,
+                    now,
+                );
+                if at <= now {
+                    chosen = Some(position);
+                    break;
+                }
+                earliest = earliest.min(at);
+            }
+            match chosen {
+                Some(position) => {
+                    let index = lane.remove(position);
+                    let pod = &queue[index];
+                    limiter.record(
+                        &rule.name,
+                        &rule.limits,
+                        &pod.namespace,
+                        pod.owner.as_deref(),
+                        now,
+                        1,
+                    );
+                    out.releases.push(Release {
+                        index,
+                        rule: Some(rule.name.clone()),
+                        why: ReleaseWhy::Rate,
+                        waited_ms: now.saturating_sub(pod.created),
+                    });
+                    not_ready += 1;
+                    cursor
+                        .last
+                        .insert(rule.name.clone(), names[lane_no].to_string());
+                    progress = true;
+                }
+                None => {
+                    blocked[lane_no] = true;
+                    if earliest != Millis::MAX {
+                        out.wake_at = Some(out.wake_at.map_or(earliest, |w| w.min(earliest)));
+                    }
+                }
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+
+    // What still waits, with rough estimates for the Events.
+    let counts: Vec<usize> = lanes.iter().map(Vec::len).collect();
+    let rule_pods: usize = counts.iter().sum();
+    let rule_namespaces = counts.iter().filter(|&&c| c > 0).count();
+    for (lane_no, lane) in lanes.iter().enumerate() {
+        let Some(&head) = lane.first() else {
+            continue;
+        };
+        let pod = &queue[head];
+        let (blocked, next_in_ms, last_in_ms) = if blocked_by_readiness {
+            let max = rule.max_not_ready.unwrap_or(0);
+            (Blocked::NotReady { not_ready, max }, None, None)
+        } else {
+            let next = limiter
+                .earliest(
+                    &rule.name,
+                    &rule.limits,
+                    &pod.namespace,
+                    pod.owner.as_deref(),
+                    1,
+                    now,
+                )
+                .saturating_sub(now);
+            let last = next + drain_estimate(rule, &counts, lane_no);
+            (Blocked::Rate, Some(next), Some(last))
+        };
+        out.waiting.push(Waiting {
+            rule: rule.name.clone(),
+            namespace: names[lane_no].to_string(),
+            pods: lane.len(),
+            head,
+            blocked,
+            next_in_ms,
+            last_in_ms,
+            rule_pods,
+            rule_namespaces,
+        });
+    }
+}
+
+/// Time after the first release until the lane's last pod goes, at the rule's rate:
+/// round-robin puts `min(other lane, this lane)` pods of every other lane before it.
+fn drain_estimate(rule: &Rule, counts: &[usize], lane_no: usize) -> Millis {
+    let mine = counts[lane_no];
+    rule.limits
+        .iter()
+        .map(|limit| {
+            let ahead = match limit.scope {
+                Scope::Global => counts.iter().map(|&c| c.min(mine)).sum::<usize>(),
+                Scope::Namespace | Scope::Owner => mine,
+            };
+            let windows = (ahead.saturating_sub(1) / limit.events.max(1) as usize) as Millis;
+            windows * limit.window.as_millis() as Millis
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Release times already charged in the limiter by this process, by pod UID, so that
+/// seeding again (after a lost and regained lease) never charges a release twice.
+#[derive(Debug, Clone, Default)]
+pub struct Charged {
+    at: HashMap<String, Millis>,
+}
+
+impl Charged {
+    pub fn insert(&mut self, uid: &str, at: Millis) {
+        self.at.insert(uid.to_string(), at);
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.at.contains_key(uid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    /// Forgets charges no window of any rule can still see.
+    pub fn prune(&mut self, policy: &Policy, now: Millis) {
+        let horizon = longest_window(policy);
+        self.at.retain(|_, &mut at| at + horizon > now);
+    }
+}
+
+/// The longest window of any rule: how long a release time matters.
+pub fn longest_window(policy: &Policy) -> Millis {
+    policy
+        .rules
+        .iter()
+        .flat_map(|r| r.limits.iter())
+        .map(|l| l.window.as_millis() as Millis)
+        .max()
+        .unwrap_or(0)
+}
+
+fn rule_window(rule: &Rule) -> Millis {
+    rule.limits
+        .iter()
+        .map(|l| l.window.as_millis() as Millis)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Rebuilds the windows from the release times recorded on pods: each release still
+/// inside its rule's window, not already charged by this process, is charged at its
+/// recorded time. Returns how many were charged.
+///
+/// What this cannot give back: releases of pods deleted since (their annotation went
+/// with them), pods un-gated by hand without the releaser seeing them, and pods the
+/// webhook admitted without a gate (those are the webhook's own charges).
+pub fn seed(
+    limiter: &mut Limiter,
+    policy: &Policy,
+    released: &[ReleasedPod],
+    charged: &mut Charged,
+    now: Millis,
+) -> usize {
+    let mut todo: Vec<(Millis, &ReleasedPod, &Rule)> = released
+        .iter()
+        .filter(|p| !charged.contains(&p.uid))
+        .filter_map(|p| {
+            let rule = gate_rule(policy, &p.rule)?;
+            // A release time in the future (clock skew) counts as now.
+            let at = p.released_at?.min(now);
+            (at + rule_window(rule) > now).then_some((at, p, rule))
+        })
+        .collect();
+    // Charges are recorded in time order so every window is exact.
+    todo.sort_by(|a, b| (a.0, &a.1.uid).cmp(&(b.0, &b.1.uid)));
+    for (at, pod, rule) in &todo {
+        limiter.record(
+            &rule.name,
+            &rule.limits,
+            &pod.namespace,
+            pod.owner.as_deref(),
+            *at,
+            1,
+        );
+        charged.insert(&pod.uid, *at);
+    }
+    todo.len()
+}
+
+/// Released pods not yet settled, per rule name (what maxNotReady counts).
+pub fn not_ready_by_rule(released: &[ReleasedPod]) -> HashMap<String, u32> {
+    let mut counts = HashMap::new();
+    for pod in released.iter().filter(|p| !p.settled) {
+        *counts.entry(pod.rule.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Released pods whose label can go: settled, and their release out of every window of
+/// their rule (until then the label keeps them visible for seeding).
+pub fn labels_to_drop(released: &[ReleasedPod], policy: &Policy, now: Millis) -> Vec<usize> {
+    released
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.settled)
+        .filter(|(_, p)| match (gate_rule(policy, &p.rule), p.released_at) {
+            (Some(rule), Some(at)) => at.min(now) + rule_window(rule) <= now,
+            _ => true,
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,397 @@
+//! What the releaser reads from a Pod and the JSON patches it writes back.
+//! Pure: a Pod object in, plan inputs or a patch out.
+
+use super::plan::{QueuedPod, ReleasedPod};
+use crate::admission::{GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME};
+use crate::limiter::Millis;
+use json_patch::{
+    AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
+};
+use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
+
+/// Annotation with the time churn-throttler removed its gate (RFC 3339, milliseconds):
+/// the record window seeding rebuilds the windows from.
+pub const RELEASED_AT_ANNOTATION: &str = "churn-throttler.io/released-at";
+/// GATED_LABEL value while the pod carries the gate.
+pub const LABEL_GATED: &str = "true";
+/// GATED_LABEL value once released, until the pod is Ready and out of every window.
+pub const LABEL_RELEASED: &str = "released";
+
+/// How the releaser sees one labelled pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum View {
+    /// Carries our gate at `gate_index` of spec.schedulingGates: waits in the queue.
+    Queued { pod: QueuedPod, gate_index: usize },
+    /// Labelled gated but our gate is gone (removed by hand): to be marked released now.
+    UngatedElsewhere { pod: QueuedPod },
+    /// Released by us (label `released`).
+    Released(ReleasedPod),
+    /// Being deleted while gated, or a label value we do not own: left alone.
+    Ignored,
+}
+
+pub fn view(pod: &Pod) -> View {
+    let meta = &pod.metadata;
+    let label = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GATED_LABEL))
+        .map(String::as_str);
+    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key)).cloned();
+    let owner = meta
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+        .map(|r| r.uid.clone());
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let uid = meta.uid.clone().unwrap_or_default();
+    let rule = annotation(GATED_BY_ANNOTATION).unwrap_or_default();
+    let deleting = meta.deletion_timestamp.is_some();
+    match label {
+        Some(LABEL_GATED) => {
+            if deleting {
+                return View::Ignored;
+            }
+            let queued = QueuedPod {
+                namespace,
+                name,
+                uid,
+                resource_version: meta.resource_version.clone().unwrap_or_default(),
+                rule,
+                owner,
+                created: meta.creation_timestamp.as_ref().map_or(0, |t| millis(t.0)),
+            };
+            match gate_index(pod) {
+                Some(gate_index) => View::Queued {
+                    pod: queued,
+                    gate_index,
+                },
+                None => View::UngatedElsewhere { pod: queued },
+            }
+        }
+        Some(LABEL_RELEASED) => View::Released(ReleasedPod {
+            namespace,
+            name,
+            uid,
+            rule,
+            owner,
+            released_at: annotation(RELEASED_AT_ANNOTATION).and_then(|t| parse_time(&t)),
+            settled: deleting || is_settled(pod),
+        }),
+        _ => View::Ignored,
+    }
+}
+
+/// Position of churn-throttler's gate in spec.schedulingGates.
+pub fn gate_index(pod: &Pod) -> Option<usize> {
+    pod.spec
+        .as_ref()?
+        .scheduling_gates
+        .as_ref()?
+        .iter()
+        .position(|g| g.name == GATE_NAME)
+}
+
+/// Ready, or finished (a Job's pod may complete before anyone sees it Ready).
+fn is_settled(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return true;
+    }
+    status
+        .conditions
+        .as_ref()
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn millis(t: Timestamp) -> Millis {
+    u64::try_from(t.as_millisecond()).unwrap_or(0)
+}
+
+/// RFC 3339 in UTC with milliseconds, e.g. 2026-01-02T03:04:05.678Z.
+pub fn format_time(at: Millis) -> String {
+    let at = i64::try_from(at).unwrap_or(i64::MAX);
+    match Timestamp::from_millisecond(at) {
+        Ok(t) => format!("{t:.3}"),
+        Err(_) => format!("{:.3}", Timestamp::UNIX_EPOCH),
+    }
+}
+
+pub fn parse_time(text: &str) -> Option<Millis> {
+    text.trim().parse::<Timestamp>().ok().map(millis)
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn pointer(path: &str) -> PointerBuf {
+    PointerBuf::parse(path).unwrap_or_default()
+}
+
+fn test(path: &str, value: Value) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: pointer(path),
+        value,
+    })
+}
+
+fn annotation_ops(has_annotations: bool, at: Millis) -> PatchOperation {
+    if has_annotations {
+        PatchOperation::Add(AddOperation {
+            path: pointer(&format!(
+                "/metadata/annotations/{}",
+                escape(RELEASED_AT_ANNOTATION)
+            )),
+            value: json!(format_time(at)),
+        })
+    } else {
+        PatchOperation::Add(AddOperation {
+            path: pointer("/metadata/annotations"),
+            value: json!({ RELEASED_AT_ANNOTATION: format_time(at) }),
+        })
+    }
+}
+
+fn label_path() -> String {
+    format!("/metadata/labels/{}", escape(GATED_LABEL))
+}
+
+/// Removes our gate and marks the pod released. The test ops make the API server refuse
+/// the patch (HTTP 422) when the pod changed since it was read, so a changed pod is
+/// retried on a later round and never overwritten; other gates stay where they are.
+pub fn release_patch(
+    resource_version: &str,
+    gate_index: usize,
+    has_annotations: bool,
+    at: Millis,
+) -> Patch {
+    let gate = format!("/spec/schedulingGates/{gate_index}");
+    Patch(vec![
+        test("/metadata/resourceVersion", json!(resource_version)),
+        test(&format!("{gate}/name"), json!(GATE_NAME)),
+        PatchOperation::Remove(RemoveOperation {
+            path: pointer(&gate),
+        }),
+        test(&label_path(), json!(LABEL_GATED)),
+        PatchOperation::Replace(ReplaceOperation {
+            path: pointer(&label_path()),
+            value: json!(LABEL_RELEASED),
+        }),
+        annotation_ops(has_annotations, at),
+    ])
+}
+
+/// For a pod whose gate someone else removed: count it as released now.
+pub fn mark_released_patch(resource_version: &str, has_annotations: bool, at: Millis) -> Patch {
+    Patch(vec![
+        test("/metadata/resourceVersion", json!(resource_version)),
+        test(&label_path(), json!(LABEL_GATED)),
+        PatchOperation::Replace(ReplaceOperation {
+            path: pointer(&label_path()),
+            value: json!(LABEL_RELEASED),
+        }),
+        annotation_ops(has_annotations, at),
+    ])
+}
+
+/// Drops the label of a settled released pod (the annotation stays as a record).
+pub fn unlabel_patch() -> Patch {
+    Patch(vec![
+        test(&label_path(), json!(LABEL_RELEASED)),
+        PatchOperation::Remove(RemoveOperation {
+            path: pointer(&label_path()),
+        }),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(value: Value) -> Pod {
+        serde_json::from_value(value).expect("pod json")
+    }
+
+    fn gated(gates: Value, label: &str) -> Pod {
+        pod(json!({
+            "metadata": {
+                "namespace": "ns", "name": "web-0", "uid": "u1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-02T03:04:05Z",
+                "labels": { GATED_LABEL: label },
+                "annotations": { GATED_BY_ANNOTATION: "controller-creates" },
+                "ownerReferences": [
+                    { "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid", "controller": true }
+                ]
+            },
+            "spec": { "containers": [{ "name": "c" }], "schedulingGates": gates },
+            "status": { "phase": "Pending" }
+        }))
+    }
+
+    #[test]
+    fn table_of_views() {
+        let queued = |gate_index| match view(&gated(
+            json!([{ "name": "other.io/x" }, { "name": GATE_NAME }]),
+            "true",
+        )) {
+            View::Queued { pod, gate_index: i } => {
+                assert_eq!(pod.rule, "controller-creates");
+                assert_eq!(pod.owner.as_deref(), Some("rs-uid"));
+                assert_eq!(pod.resource_version, "42");
+                assert_eq!(pod.created, 1_767_323_045_000);
+                i == gate_index
+            }
+            _ => false,
+        };
+        assert!(queued(1), "gate found behind another gate");
+        assert!(matches!(
+            view(&gated(json!([{ "name": "other.io/x" }]), "true")),
+            View::UngatedElsewhere { .. }
+        ));
+        assert!(matches!(
+            view(&gated(json!([{ "name": GATE_NAME }]), "something-else")),
+            View::Ignored
+        ));
+        let mut deleting = gated(json!([{ "name": GATE_NAME }]), "true");
+        deleting.metadata.deletion_timestamp = deleting.metadata.creation_timestamp.clone();
+        assert_eq!(view(&deleting), View::Ignored);
+    }
+
+    #[test]
+    fn table_of_released_views() {
+        // (case, status, released-at, settled, released_at)
+        let cases: &[(&str, Value, &str, bool, Option<Millis>)] = &[
+            (
+                "running, not ready",
+                json!({ "phase": "Running", "conditions": [{ "type": "Ready", "status": "False" }] }),
+                "2026-01-02T03:04:05.678Z",
+                false,
+                Some(1_767_323_045_678),
+            ),
+            (
+                "ready",
+                json!({ "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] }),
+                "2026-01-02T03:04:05.678Z",
+                true,
+                Some(1_767_323_045_678),
+            ),
+            (
+                "succeeded",
+                json!({ "phase": "Succeeded" }),
+                "garbage",
+                true,
+                None,
+            ),
+            (
+                "no status yet",
+                json!({}),
+                "2026-01-02T03:04:05+01:00",
+                false,
+                Some(1_767_319_445_000),
+            ),
+        ];
+        for (name, status, at, settled, released_at) in cases {
+            let mut p = gated(json!([]), "released");
+            p.status = serde_json::from_value(status.clone()).expect("status");
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(RELEASED_AT_ANNOTATION.into(), at.to_string());
+            match view(&p) {
+                View::Released(r) => {
+                    assert_eq!(r.settled, *settled, "{name}");
+                    assert_eq!(r.released_at, *released_at, "{name}");
+                    assert_eq!(r.rule, "controller-creates", "{name}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn times_round_trip_with_milliseconds() {
+        let at = 1_767_323_045_678;
+        assert_eq!(format_time(at), "2026-01-02T03:04:05.678Z");
+        assert_eq!(parse_time(&format_time(at)), Some(at));
+        assert_eq!(format_time(1_767_323_045_000), "2026-01-02T03:04:05.000Z");
+    }
+
+    fn apply(pod: &Pod, patch: &Patch) -> Result<Value, json_patch::PatchError> {
+        let mut doc = serde_json::to_value(pod).expect("pod to json");
+        json_patch::patch(&mut doc, patch)?;
+        Ok(doc)
+    }
+
+    #[test]
+    fn release_removes_only_our_gate_and_marks_the_pod() {
+        let p = gated(
+            json!([{ "name": "a.io/x" }, { "name": GATE_NAME }, { "name": "b.io/y" }]),
+            "true",
+        );
+        let index = gate_index(&p).expect("gated");
+        let doc = apply(&p, &release_patch("42", index, true, 1_767_323_045_678)).expect("applies");
+        assert_eq!(
+            doc["spec"]["schedulingGates"],
+            json!([{ "name": "a.io/x" }, { "name": "b.io/y" }])
+        );
+        assert_eq!(doc["metadata"]["labels"][GATED_LABEL], "released");
+        assert_eq!(
+            doc["metadata"]["annotations"][RELEASED_AT_ANNOTATION],
+            "2026-01-02T03:04:05.678Z"
+        );
+        assert_eq!(
+            doc["metadata"]["annotations"][GATED_BY_ANNOTATION],
+            "controller-creates"
+        );
+    }
+
+    #[test]
+    fn release_fails_on_a_changed_pod() {
+        let p = gated(json!([{ "name": "a.io/x" }, { "name": GATE_NAME }]), "true");
+        // Stale resourceVersion.
+        assert!(apply(&p, &release_patch("41", 1, true, 0)).is_err());
+        // The gate moved: index 0 is someone else's gate now.
+        assert!(apply(&p, &release_patch("42", 0, true, 0)).is_err());
+        // Already released by another replica.
+        let mut released = p.clone();
+        released
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(GATED_LABEL.into(), "released".into());
+        assert!(apply(&released, &release_patch("42", 1, true, 0)).is_err());
+    }
+
+    #[test]
+    fn patches_create_the_annotation_map_when_missing() {
+        let mut p = gated(json!([{ "name": GATE_NAME }]), "true");
+        p.metadata.annotations = None;
+        let doc = apply(&p, &release_patch("42", 0, false, 0)).expect("applies");
+        assert_eq!(
+            doc["metadata"]["annotations"][RELEASED_AT_ANNOTATION],
+            "1970-01-01T00:00:00.000Z"
+        );
+        assert_eq!(doc["spec"]["schedulingGates"], json!([]));
+        let mut p = gated(json!([]), "true");
+        p.metadata.annotations = None;
+        let doc = apply(&p, &mark_released_patch("42", false, 0)).expect("applies");
+        assert_eq!(doc["metadata"]["labels"][GATED_LABEL], "released");
+    }
+
+    #[test]
+    fn unlabel_only_removes_our_released_label() {
+        let p = gated(json!([]), "released");
+        let doc = apply(&p, &unlabel_patch()).expect("applies");
+        assert!(doc["metadata"]["labels"].get(GATED_LABEL).is_none());
+        let p = gated(json!([]), "true");
+        assert!(apply(&p, &unlabel_patch()).is_err());
+    }
+}
