@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# End-to-end test of the gate releaser against a real kube-apiserver (tests/e2e/cluster.sh):
+#   - the releaser runs as ServiceAccount churn-throttler/churn-throttler with only the
+#     rights of manifests/base/rbac-releaser.yaml (a token from `kubectl create token`);
+#   - 45 pods in 3 namespaces are created already gated (as the webhook would leave
+#     them), under a rule of 5 per 10 s; 3 of them carry a second, foreign gate;
+#   - two replicas run; the leader is killed (SIGKILL) mid-queue and the handover time
+#     is measured; later the new leader is killed and restarted at once (same identity),
+#     which must not open a burst (windows seeded from released-at);
+#   - asserts: every pod released exactly once, never more than 5 in any 10 s window,
+#     foreign gates kept, releases of different processes never interleave, the
+#     leader gauges never sum above 1, handover within 15 s, Events aggregated.
+# Prints the release times. Everything listens on 127.0.0.1; every wait is bounded.
+#
+# Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
+# RELEASER_E2E_KEEP=1 (keep the work dir), RELEASER_E2E_TIMEOUT (s per wait, default 240).
+# shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+# shellcheck source=cluster.sh
+source "$here/cluster.sh"
+
+timeout="${RELEASER_E2E_TIMEOUT:-240}"
+passed=0
+failed=0
+RULE_EVENTS=5
+RULE_WINDOW_MS=10000
+NAMESPACES=(team-a team-b team-c)
+PER_NS=15
+TOTAL=$(( ${#NAMESPACES[@]} * PER_NS ))
+
+say() { echo "releaser-e2e: $*"; }
+now_ms() { date +%s%3N; }
+ok() { passed=$((passed + 1)); say "ok: $*"; }
+bad() { failed=$((failed + 1)); echo "releaser-e2e: FAIL: $*" >&2; }
+die() {
+  bad "$*"
+  for f in "${W:-/nonexistent}"/releaser-*.log; do
+    [[ -f "$f" ]] && { echo "----- tail $f -----" >&2; tail -n 20 "$f" >&2; }
+  done
+  echo "releaser-e2e: $passed passed, $failed failed"
+  exit 1
+}
+
+# ---- build -------------------------------------------------------------------
+if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
+  (cd "$root" && cargo build --quiet) || die "cargo build failed"
+  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
+fi
+[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
+if [[ -z "${E2E_BIN:-}" ]]; then
+  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
+fi
+export E2E_BIN
+
+W="$(mktemp -d /tmp/releaser-e2e.XXXXXX)"
+declare -A PROC=()   # process name -> pid
+MONITOR_PID=""
+
+stop_proc() {
+  local pid="$1" sig="${2:-TERM}"
+  kill -"$sig" "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local rc=$?
+  [[ -n "$MONITOR_PID" ]] && stop_proc "$MONITOR_PID"
+  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
+  cluster_down "$W" || true
+  if [[ "${RELEASER_E2E_KEEP:-0}" == 1 || $rc -ne 0 ]]; then
+    echo "releaser-e2e: work dir kept: $W" >&2
+  else
+    rm -rf "$W"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# wait_for DESC CMD...: poll CMD every 0.2 s until it succeeds or $timeout passes.
+wait_for() {
+  local desc="$1"; shift
+  local start=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
+    sleep 0.2
+  done
+}
+
+# ---- cluster, namespace, ServiceAccount, RBAC ------------------------------------
+cluster_up "$W" 3 || die "cluster up failed"
+# shellcheck disable=SC1091
+source "$W/env"
+kubectl create namespace churn-throttler >/dev/null
+kubectl -n churn-throttler create serviceaccount churn-throttler >/dev/null
+kubectl apply -f "$root/manifests/base/rbac-releaser.yaml" >/dev/null
+for ns in "${NAMESPACES[@]}"; do kubectl create namespace "$ns" >/dev/null; done
+wait_for "ServiceAccounts in the test namespaces" kubectl -n team-c get serviceaccount default
+token="$(kubectl -n churn-throttler create token churn-throttler --duration=2h)"
+cat >"$W/releaser.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: e2e
+    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
+users:
+  - name: releaser
+    user: { token: "$token" }
+contexts:
+  - name: releaser
+    context: { cluster: e2e, user: releaser }
+current-context: releaser
+EOF
+can() { kubectl --kubeconfig "$W/releaser.kubeconfig" auth can-i "$@" 2>/dev/null; }
+[[ "$(can patch pods -A)" == yes && "$(can delete pods -A)" == no && "$(can create leases -n churn-throttler)" == yes \
+   && "$(can update leases -n default)" == no && "$(can get secrets -n churn-throttler)" == no ]] \
+  && ok "ServiceAccount token has the releaser's rights and no more (patch pods: yes, delete pods: no, leases elsewhere: no, secrets: no)" \
+  || bad "RBAC of the ServiceAccount is not what manifests/base/rbac-releaser.yaml says"
+
+cluster_issue_serving_cert "$W" webhook >/dev/null
+cat >"$W/policy.yaml" <<EOF
+timeoutSeconds: 10
+rules:
+  - name: paced
+    match: { resources: [pods], operations: [CREATE] }
+    limit: { events: $RULE_EVENTS, window: $((RULE_WINDOW_MS / 1000))s, scope: global }
+    maxNotReady: 10
+    action: gate
+EOF
+
+# start_releaser PROCNAME IDENTITY: one `serve` process running the releaser.
+start_releaser() {
+  local name="$1" identity="$2"
+  KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=debug" \
+    "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" \
+      --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
+      --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+      --releaser=true --lease-namespace churn-throttler --identity "$identity" \
+      --shutdown-delay 0s --log-format json >"$W/releaser-$name.log" 2>&1 &
+  PROC[$name]=$!
+  wait_for "$name serving" grep -q '"churn-throttler serving"' "$W/releaser-$name.log"
+  python3 - "$W/releaser-$name.log" >"$W/metrics-$name.addr" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try: e = json.loads(line)
+    except ValueError: continue
+    f = e.get("fields", {})
+    if f.get("message") == "churn-throttler serving":
+        print(f["metrics_addr"]); break
+PY
+}
+lease_holder() {
+  kubectl -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
+}
+holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
+released_count() {
+  kubectl get pods -A -l e2e=releaser -o json | python3 -c '
+import json, sys
+print(sum(1 for p in json.load(sys.stdin)["items"]
+          if "churn-throttler.io/released-at" in (p["metadata"].get("annotations") or {})))'
+}
+at_least_released() { (( $(released_count) >= $1 )); }
+
+# A monitor samples the lease holder and every live replica's leader gauge (0.25 s).
+monitor() {
+  while true; do
+    local t; t=$(now_ms)
+    local sum=0 who=""
+    for f in "$W"/metrics-*.addr; do
+      local name; name=$(basename "$f" .addr); name=${name#metrics-}
+      local v
+      v=$(curl -s --max-time 0.5 "http://$(cat "$f")/metrics" 2>/dev/null \
+          | awk '$1=="churn_throttler_releaser_leader" {print $2}') || true
+      if [[ "$v" == 1 ]]; then sum=$((sum + 1)); who="$who $name"; fi
+    done
+    echo "$t $(lease_holder) $sum$who" >>"$W/monitor.log"
+    sleep 0.25
+  done
+}
+
+# ---- phase 1: two replicas, the first leads ------------------------------------
+start_releaser a1 releaser-a
+wait_for "releaser-a holds the lease" holder_is releaser-a
+start_releaser b1 releaser-b
+ok "releaser-a leads, releaser-b follows"
+monitor &
+MONITOR_PID=$!
+
+# ---- the queue: pods created as the webhook leaves them ------------------------
+{
+  for ns in "${NAMESPACES[@]}"; do
+    for i in $(seq -w 0 $((PER_NS - 1))); do
+      gates='[{"name":"churn-throttler.io/paced"}]'
+      # Three pods carry a foreign gate ahead of ours: it must stay.
+      [[ "$i" == 03 ]] && gates='[{"name":"e2e.example/other"},{"name":"churn-throttler.io/paced"}]'
+      cat <<EOF
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-$i
+  namespace: $ns
+  labels: { e2e: releaser, churn-throttler.io/gated: "true" }
+  annotations: { churn-throttler.io/gated-by: paced }
+spec:
+  schedulingGates: $gates
+  containers: [{ name: app, image: "e2e.invalid/app:1" }]
+EOF
+    done
+  done
+  # Deleted while gated: must simply leave the queue.
+  cat <<EOF
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: doomed
+  namespace: team-c
+  labels: { churn-throttler.io/gated: "true" }
+  annotations: { churn-throttler.io/gated-by: paced }
+spec:
+  schedulingGates: [{ name: churn-throttler.io/paced }]
+  containers: [{ name: app, image: "e2e.invalid/app:1" }]
+EOF
+} >"$W/pods.yaml"
+t_created=$(now_ms)
+kubectl apply -f "$W/pods.yaml" >/dev/null
+kubectl -n team-c delete pod doomed --wait=false >/dev/null
+say "created $TOTAL gated pods in ${#NAMESPACES[@]} namespaces in $(( $(now_ms) - t_created )) ms (and deleted one while gated)"
+
+# ---- phase 2: kill the leader mid-queue ----------------------------------------
+wait_for "10 pods released" at_least_released 10
+t_kill=$(now_ms)
+kill -KILL "${PROC[a1]}"; wait "${PROC[a1]}" 2>/dev/null || true; unset 'PROC[a1]'
+rm -f "$W/metrics-a1.addr"
+wait_for "releaser-b takes the lease" holder_is releaser-b
+handover_ms=$(( $(now_ms) - t_kill ))
+say "handover: leader killed (SIGKILL) -> releaser-b holds the lease after $(printf '%d.%03d' $((handover_ms / 1000)) $((handover_ms % 1000))) s"
+(( handover_ms <= 15000 )) && ok "handover within 15 s ($handover_ms ms)" || bad "handover took $handover_ms ms (> 15 s)"
+start_releaser a2 releaser-a   # the killed replica comes back, and follows
+
+# ---- phase 3: restart the leader mid-queue (same identity, no wait for expiry) --
+wait_for "25 pods released" at_least_released 25
+t_restart=$(now_ms)
+kill -KILL "${PROC[b1]}"; wait "${PROC[b1]}" 2>/dev/null || true; unset 'PROC[b1]'
+rm -f "$W/metrics-b1.addr"
+start_releaser b2 releaser-b
+say "releaser-b killed and restarted in $(( $(now_ms) - t_restart )) ms"
+
+wait_for "all $TOTAL pods released" at_least_released "$TOTAL"
+t_done=$(now_ms)
+say "all $TOTAL released $(( (t_done - t_created) / 1000 )) s after creation"
+sleep 1
+stop_proc "$MONITOR_PID"; MONITOR_PID=""
+
+# ---- checks --------------------------------------------------------------------
+kubectl get pods -A -l e2e=releaser -o json >"$W/pods.json"
+kubectl get events.events.k8s.io -A -o json >"$W/events.json"
+kubectl -n team-c get pod doomed >/dev/null 2>&1 && bad "the pod deleted while gated still exists" \
+  || ok "the pod deleted while gated left the queue"
+
+python3 - "$W" "$RULE_EVENTS" "$RULE_WINDOW_MS" "$t_kill" "$t_restart" "$TOTAL" <<'PY' >"$W/checks.out"
+import json, sys, glob, os, datetime
+w, events_max, window, t_kill, t_restart, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+def ms(text):
+    return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+pods = json.load(open(f"{w}/pods.json"))["items"]
+# Who released what, from each process's log.
+by = {}
+twice = []
+for log in sorted(glob.glob(f"{w}/releaser-*.log")):
+    proc = os.path.basename(log)[len("releaser-"):-len(".log")]
+    for line in open(log):
+        try: e = json.loads(line)
+        except ValueError: continue
+        f = e.get("fields", {})
+        if f.get("message") == "releaser: released":
+            if f["pod"] in by: twice.append(f["pod"])
+            by[f["pod"]] = proc
+rows = []
+for p in pods:
+    m = p["metadata"]; ann = m.get("annotations") or {}
+    key = f'{m["namespace"]}/{m["name"]}'
+    gates = [g["name"] for g in (p["spec"].get("schedulingGates") or [])]
+    rows.append((ms(ann["churn-throttler.io/released-at"]), key, ms(m["creationTimestamp"]),
+                 by.get(key, "?"), gates, (m.get("labels") or {}).get("churn-throttler.io/gated", "-")))
+rows.sort()
+t0 = rows[0][2]
+print(f"{'released (s)':>12}  {'pod':<16} {'by':<4} {'waited (s)':>10}  label     gates left")
+for at, key, created, proc, gates, label in rows:
+    print(f"{(at - t0) / 1000:12.3f}  {key:<16} {proc:<4} {(at - created) / 1000:10.1f}  {label:<9} {','.join(gates) or '-'}")
+times = [r[0] for r in rows]
+worst = max(sum(1 for u in times[i:] if u < t + window) for i, t in enumerate(times))
+res = {}
+res["released"] = len(rows)
+res["all_released"] = len(rows) == total
+res["worst_window"] = worst
+res["released_twice"] = twice
+res["unattributed"] = [r[1] for r in rows if r[3] == "?"]
+res["our_gate_left"] = [r[1] for r in rows if "churn-throttler.io/paced" in r[4]]
+res["foreign_kept"] = sorted(r[1] for r in rows if r[4] == ["e2e.example/other"])
+# Terms: per process, the span of its releases; spans of different processes must not overlap.
+spans = {}
+for at, key, created, proc, gates, label in rows:
+    lo, hi = spans.get(proc, (at, at)); spans[proc] = (min(lo, at), max(hi, at))
+ordered = sorted(spans.items(), key=lambda kv: kv[1][0])
+res["spans"] = {p: [(s - t0) / 1000, (e - t0) / 1000] for p, (s, e) in ordered}
+res["overlap"] = any(ordered[i][1][1] >= ordered[i + 1][1][0] for i in range(len(ordered) - 1))
+# First release after each disruption, and the window around the restart.
+after = lambda t: min((x for x in times if x > t), default=None)
+res["first_after_kill_s"] = (after(t_kill) - t_kill) / 1000 if after(t_kill) else None
+res["first_after_restart_s"] = (after(t_restart) - t_restart) / 1000 if after(t_restart) else None
+res["in_window_before_restart"] = sum(1 for x in times if t_restart - window < x <= t_restart)
+res["released_in_first_window_after_restart"] = sum(1 for x in times if t_restart < x < t_restart + window)
+# Leader gauges and lease, sampled every 0.25 s.
+samples = [l.split() for l in open(f"{w}/monitor.log")]
+res["samples"] = len(samples)
+res["max_leaders"] = max(int(s[2]) for s in samples if len(s) >= 3)
+# Events: aggregated per namespace and rule.
+evs = [e for e in json.load(open(f"{w}/events.json"))["items"] if e.get("reportingController") == "churn-throttler.io/releaser"]
+res["events"] = len(evs)
+res["events_by_ns"] = {}
+for e in evs:
+    res["events_by_ns"][e["metadata"]["namespace"]] = res["events_by_ns"].get(e["metadata"]["namespace"], 0) + 1
+res["event_example"] = evs[0]["note"] if evs else None
+print("RESULT " + json.dumps(res))
+PY
+sed '/^RESULT /d' "$W/checks.out"
+result="$(sed -n 's/^RESULT //p' "$W/checks.out")"
+get() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$result" "$1"; }
+say "release spans per process (s from first creation): $(get spans)"
+say "first release after the leader was killed: $(get first_after_kill_s) s; after the restart: $(get first_after_restart_s) s"
+say "releases in the window before the restart: $(get in_window_before_restart); in the first window after it: $(get released_in_first_window_after_restart)"
+say "Events written: $(get events) $(get events_by_ns); e.g.: $(get event_example)"
+
+[[ "$(get all_released)" == true ]] && ok "all $TOTAL pods released, none lost across the failover and the restart" \
+  || bad "released $(get released) of $TOTAL"
+(( $(get worst_window) <= RULE_EVENTS )) && ok "at most $RULE_EVENTS releases in any ${RULE_WINDOW_MS} ms window (worst: $(get worst_window)), across the failover and the restart" \
+  || bad "$(get worst_window) releases in one window (limit $RULE_EVENTS)"
+[[ "$(get released_twice)" == "[]" && "$(get unattributed)" == "[]" ]] && ok "each pod released once, by one process" \
+  || bad "released twice: $(get released_twice); unattributed: $(get unattributed)"
+[[ "$(get overlap)" == false ]] && ok "releases of different processes never interleave" || bad "release spans overlap: $(get spans)"
+(( $(get max_leaders) <= 1 )) && ok "leader gauges never summed above 1 ($(get samples) samples)" || bad "two leaders at once in the samples"
+[[ "$(get our_gate_left)" == "[]" ]] && ok "our gate removed from every pod" || bad "gate still on: $(get our_gate_left)"
+[[ "$(get foreign_kept)" == '["team-a/web-03", "team-b/web-03", "team-c/web-03"]' ]] \
+  && ok "foreign gates kept (3 pods still gated by e2e.example/other)" || bad "foreign gates: $(get foreign_kept)"
+ev=$(get events)
+(( ev >= 1 && ev <= 3 * ${#NAMESPACES[@]} * ( (t_done - t_created) / 30000 + 2 ) )) \
+  && ok "Events on waiting pods, aggregated per namespace and rule ($ev for $TOTAL pods)" || bad "$ev Events"
+grep -q 'seeded' "$W/releaser-b2.log" && ok "the restarted leader rebuilt its queue and seeded its windows" \
+  || bad "no seeding line in the restarted leader's log"
+say "logs: $W/releaser-*.log, samples: $W/monitor.log"
+echo "releaser-e2e: $passed passed, $failed failed"
+(( failed == 0 ))
