@@ -163,7 +163,7 @@ else
 s=[socket.socket() for _ in range(2)]
 [x.bind(("127.0.0.1",0)) for x in s]
 print(*[x.getsockname()[1] for x in s])')
-  "$bin" serve --tls-cert "$work/tls/tls.crt" --tls-key "$work/tls/tls.key" \
+  CHURN_THROTTLER_RELEASER=false "$bin" serve --tls-cert "$work/tls/tls.crt" --tls-key "$work/tls/tls.key" \
     --listen "127.0.0.1:$p1" --metrics-listen "127.0.0.1:$p2" >"$work/serve.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:$p2/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
