@@ -7,7 +7,7 @@
 //! webhook's own limiter, so on the leading replica the pods the webhook admits
 //! ungated and the pods the releaser lifts share one window per rule.
 
-use super::lease::{self, status_code, Leadership, LeaseConfig};
+use super::lease::{self, within, Leadership, LeaseConfig};
 use super::plan::{
     gate_rule, labels_to_drop, not_ready_by_rule, plan, seed, Blocked, Charged, Cursor, Inputs,
     Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
@@ -38,6 +38,8 @@ const IDLE: Duration = Duration::from_secs(5);
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Patches in flight at once.
 const CONCURRENCY: usize = 8;
+/// Longest wait for one patch or Event: a hung connection must not stall a round.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events written per round at most, whatever the number of waiting namespaces.
 const MAX_EVENTS_PER_ROUND: usize = 20;
 const REPORTING_CONTROLLER: &str = "churn-throttler.io/releaser";
@@ -399,18 +401,14 @@ impl Releaser {
                         return (job, Done::NotLeader);
                     }
                     let api: Api<Pod> = Api::namespaced(client, &job.namespace);
-                    let done = match api
-                        .patch(
-                            &job.name,
-                            &PatchParams::default(),
-                            &Patch::Json::<()>(job.patch.clone()),
-                        )
-                        .await
-                    {
+                    let patch = Patch::Json::<()>(job.patch.clone());
+                    let params = PatchParams::default();
+                    let call = api.patch(&job.name, &params, &patch);
+                    let done = match within(CALL_TIMEOUT, call).await {
                         Ok(_) => Done::Released,
                         // 422: a test op failed (the pod changed); 409: a write conflict.
-                        Err(e) if matches!(status_code(&e), Some(409 | 422)) => Done::Conflict,
-                        Err(e) if status_code(&e) == Some(404) => Done::Gone,
+                        Err(e) if matches!(e.status(), Some(409 | 422)) => Done::Conflict,
+                        Err(e) if e.status() == Some(404) => Done::Gone,
                         Err(e) => Done::Error(e.to_string()),
                     };
                     (job, done)
@@ -510,11 +508,11 @@ impl Releaser {
                         return;
                     }
                     let api: Api<Pod> = Api::namespaced(client, &pod.namespace);
-                    let result = api
-                        .patch(&pod.name, &PatchParams::default(), &Patch::Json::<()>(unlabel_patch()))
-                        .await;
-                    if let Err(e) = result {
-                        if !matches!(status_code(&e), Some(404 | 409 | 422)) {
+                    let patch = Patch::Json::<()>(unlabel_patch());
+                    let params = PatchParams::default();
+                    let call = api.patch(&pod.name, &params, &patch);
+                    if let Err(e) = within(CALL_TIMEOUT, call).await {
+                        if !matches!(e.status(), Some(404 | 409 | 422)) {
                             metrics.releaser_api_errors.with_label_values(&["patch"]).inc();
                             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e,
                                 "releaser: could not drop the label of a released pod");
@@ -608,13 +606,8 @@ impl Releaser {
                         return;
                     }
                     let api: Api<Event> = Api::namespaced(client, &pod.namespace);
-                    match api
-                        .create(
-                            &PostParams::default(),
-                            &event(&pod, reason, note, &identity),
-                        )
-                        .await
-                    {
+                    let event = event(&pod, reason, note, &identity);
+                    match within(CALL_TIMEOUT, api.create(&PostParams::default(), &event)).await {
                         Ok(_) => metrics.gate_events.with_label_values(&[reason]).inc(),
                         Err(e) => {
                             metrics

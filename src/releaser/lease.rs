@@ -30,6 +30,8 @@ pub struct LeaseConfig {
     pub retry_every: Duration,
     /// The leader stops this long before its lease could expire.
     pub margin: Duration,
+    /// Longest wait for one API call: a hung connection must not stall the election.
+    pub call_timeout: Duration,
 }
 
 impl LeaseConfig {
@@ -42,6 +44,7 @@ impl LeaseConfig {
             renew_every: Duration::from_secs(2),
             retry_every: Duration::from_secs(1),
             margin: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(4),
         }
     }
 }
@@ -250,7 +253,8 @@ async fn round(
     observed: &mut Observed,
     started: Instant,
 ) -> Outcome {
-    let lease = match api.get_opt(&config.name).await {
+    let limit = config.call_timeout;
+    let lease = match within(limit, api.get_opt(&config.name)).await {
         Ok(lease) => lease,
         Err(e) => return Outcome::Unknown(e.to_string()),
     };
@@ -287,9 +291,9 @@ async fn round(
                     ..Default::default()
                 }),
             };
-            match api.create(&PostParams::default(), &lease).await {
+            match within(limit, api.create(&PostParams::default(), &lease)).await {
                 Ok(_) => Outcome::Leading(term_end),
-                Err(e) if is_conflict(&e) => Outcome::Following("(another replica)".into()),
+                Err(e) if e.is_conflict() => Outcome::Following("(another replica)".into()),
                 Err(e) => Outcome::Unknown(e.to_string()),
             }
         }
@@ -306,12 +310,14 @@ async fn round(
             spec.lease_duration_seconds = Some(seconds);
             spec.renew_time = Some(now);
             // `replace` sends metadata.resourceVersion: a concurrent writer makes it fail.
-            match api
-                .replace(&config.name, &PostParams::default(), &lease)
-                .await
+            match within(
+                limit,
+                api.replace(&config.name, &PostParams::default(), &lease),
+            )
+            .await
             {
                 Ok(_) => Outcome::Leading(term_end),
-                Err(e) if is_conflict(&e) => Outcome::Unknown(format!("lost a race: {e}")),
+                Err(e) if e.is_conflict() => Outcome::Unknown(format!("lost a race: {e}")),
                 Err(e) => Outcome::Unknown(e.to_string()),
             }
         }
@@ -321,7 +327,8 @@ async fn round(
 
 /// Clears the holder so a follower takes over at once (best effort).
 async fn give_up(api: &Api<Lease>, config: &LeaseConfig) {
-    let Ok(Some(mut lease)) = api.get_opt(&config.name).await else {
+    let limit = config.call_timeout;
+    let Ok(Some(mut lease)) = within(limit, api.get_opt(&config.name)).await else {
         return;
     };
     let Some(spec) = lease.spec.as_mut() else {
@@ -333,14 +340,58 @@ async fn give_up(api: &Api<Lease>, config: &LeaseConfig) {
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(MicroTime(Timestamp::now()));
-    match api
-        .replace(&config.name, &PostParams::default(), &lease)
-        .await
+    match within(
+        limit,
+        api.replace(&config.name, &PostParams::default(), &lease),
+    )
+    .await
     {
         Ok(_) => tracing::info!("releaser: gave the lease up"),
         Err(e) => {
             tracing::warn!(error = %e, "releaser: could not give the lease up; it expires by itself")
         }
+    }
+}
+
+/// Why a bounded API call failed.
+#[derive(Debug)]
+pub enum Failure {
+    TimedOut(Duration),
+    Api(kube::Error),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
+            Failure::Api(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl Failure {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Failure::Api(e) if is_conflict(e))
+    }
+
+    /// The HTTP status of an API error (None for a timeout or a transport error).
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Failure::Api(e) => status_code(e),
+            Failure::TimedOut(_) => None,
+        }
+    }
+}
+
+/// Runs one API call, giving up after `limit`.
+pub async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(Failure::Api(e)),
+        Err(_) => Err(Failure::TimedOut(limit)),
     }
 }
 

@@ -51,6 +51,9 @@ pub struct ReleasedPod {
     pub released_at: Option<Millis>,
     /// Ready, finished or being deleted: it no longer counts against maxNotReady.
     pub settled: bool,
+    /// Still held by another component's scheduling gate: it is not starting yet, so
+    /// it counts against maxNotReady only once those gates are gone too.
+    pub held_elsewhere: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,7 +438,7 @@ pub fn seed(
 /// Released pods not yet settled, per rule name (what maxNotReady counts).
 pub fn not_ready_by_rule(released: &[ReleasedPod]) -> HashMap<String, u32> {
     let mut counts = HashMap::new();
-    for pod in released.iter().filter(|p| !p.settled) {
+    for pod in released.iter().filter(|p| !p.settled && !p.held_elsewhere) {
         *counts.entry(pod.rule.clone()).or_insert(0) += 1;
     }
     counts

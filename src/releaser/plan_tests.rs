@@ -418,6 +418,7 @@ fn released(rows: &[Released]) -> Vec<ReleasedPod> {
                 owner: None,
                 released_at,
                 settled,
+                held_elsewhere: uid.starts_with("held"),
             },
         )
         .collect()
@@ -562,6 +563,13 @@ fn table_of_label_drops_and_readiness() {
         ("a", "ready-no-time", "pods", None, true),
         ("a", "ready-rule-gone", "removed", Some(99_000), true),
         ("a", "not-ready-other", "ready-capped", Some(99_000), false),
+        (
+            "a",
+            "held-by-another-gate",
+            "ready-capped",
+            Some(99_000),
+            false,
+        ),
     ];
     let pods = released(rows);
     let drop: Vec<&str> = labels_to_drop(&pods, &policy, 100_000)
@@ -632,6 +640,7 @@ rules:
                 owner: None,
                 released_at: Some(now),
                 settled: true,
+                held_elsewhere: false,
             });
             charged.insert(&pod.uid, now);
         }

@@ -81,6 +81,11 @@ pub fn view(pod: &Pod) -> View {
             owner,
             released_at: annotation(RELEASED_AT_ANNOTATION).and_then(|t| parse_time(&t)),
             settled: deleting || is_settled(pod),
+            held_elsewhere: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| !g.is_empty()),
         }),
         _ => View::Ignored,
     }
@@ -307,12 +312,22 @@ mod tests {
                 .insert(RELEASED_AT_ANNOTATION.into(), at.to_string());
             match view(&p) {
                 View::Released(r) => {
+                    assert!(!r.held_elsewhere, "{name}");
                     assert_eq!(r.settled, *settled, "{name}");
                     assert_eq!(r.released_at, *released_at, "{name}");
                     assert_eq!(r.rule, "controller-creates", "{name}");
                 }
                 other => panic!("{name}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_released_pod_behind_another_gate_is_held_elsewhere() {
+        let p = gated(json!([{ "name": "other.io/x" }]), "released");
+        match view(&p) {
+            View::Released(r) => assert!(r.held_elsewhere && !r.settled),
+            other => panic!("{other:?}"),
         }
     }
 
