@@ -286,18 +286,19 @@ impl Releaser {
         // Pods in back-off after a refused patch sit this round out.
         let live: HashMap<&str, &str> = queue
             .iter()
+            .chain(ungated.iter().map(|(p, _)| p))
             .map(|p| (p.uid.as_str(), p.resource_version.as_str()))
             .collect();
         self.failed.retain(|uid, f| {
             live.get(uid.as_str())
                 .is_some_and(|rv| *rv == f.resource_version)
         });
-        let mut waiting_out = Vec::new();
+        let in_backoff = |uid: &str| self.failed.get(uid).is_some_and(|f| now < f.retry_at);
+        ungated.retain(|(pod, _)| !in_backoff(&pod.uid));
         let mut eligible: Vec<QueuedPod> = Vec::new();
         let mut eligible_gate: Vec<(usize, bool)> = Vec::new();
         for (pod, gate) in queue.iter().zip(&gate_at) {
-            if self.failed.get(&pod.uid).is_some_and(|f| now < f.retry_at) {
-                waiting_out.push(pod.uid.clone());
+            if in_backoff(&pod.uid) {
                 continue;
             }
             eligible.push(pod.clone());

@@ -111,6 +111,42 @@ mod tests {
     }
 
     #[test]
+    fn table_of_releaser_switches() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        // (case, arguments after `serve`, releaser on)
+        let cases: &[(&str, &[&str], bool)] = &[
+            ("on by default", &[], true),
+            ("off by default with --dev", &["--dev"], false),
+            ("--dev with --releaser", &["--dev", "--releaser"], true),
+            ("--releaser=false", &["--releaser=false"], false),
+            ("--releaser=true", &["--releaser=true"], true),
+            ("--dev --releaser=true", &["--dev", "--releaser=true"], true),
+        ];
+        for (name, extra, on) in cases {
+            let mut argv = vec![
+                "churn-throttler",
+                "serve",
+                "--lease-name",
+                "l",
+                "--identity",
+                "me",
+            ];
+            argv.extend_from_slice(extra);
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let Command::Serve(args) = cli.command else {
+                panic!("{name}: not serve");
+            };
+            let config = config_from_args(&args);
+            assert_eq!(config.is_some(), *on, "{name}");
+            if let Some(config) = config {
+                assert_eq!(config.lease.name, "l", "{name}");
+                assert_eq!(config.lease.identity, "me", "{name}");
+            }
+        }
+    }
+
+    #[test]
     fn table_of_lease_namespaces() {
         assert_eq!(default_namespace(Some("x"), Some("y")), "x");
         assert_eq!(default_namespace(None, Some("y")), "y");
