@@ -14,6 +14,9 @@ use std::sync::Arc;
 /// Milliseconds since the Unix epoch.
 pub type Millis = u64;
 
+/// Gaps between reserved slots examined per decision before queueing at the end.
+const MAX_GAP_CANDIDATES: usize = 64;
+
 /// How long past its slot an unclaimed reservation is kept for its retry.
 pub const RESERVATION_GRACE_MS: Millis = 30_000;
 
@@ -115,23 +118,29 @@ impl Bucket {
         }
         // `now` lies before reserved slots: a gap may fit. The first time a window stops
         // being too full is when some charge leaves it, so only `now` and `charge + window`
-        // can be the answer; try them in order.
+        // can be the answer. `now` is checked exactly; later gaps with a bounded number of
+        // cheap conservative checks, so a congested bucket never costs a long scan.
         if self.fits(now, events, cost, window) {
             return now;
         }
-        for &charge in &self.charges {
+        let first = self.charges.partition_point(|&c| c + window <= now);
+        for &charge in self.charges.range(first..).take(MAX_GAP_CANDIDATES) {
             let candidate = charge + window;
-            if candidate <= now {
-                continue;
-            }
             if candidate >= self.last() {
                 return self.earliest_after_all(events, cost, window, candidate);
             }
-            if self.fits(candidate, events, cost, window) {
+            if self.span_has_room(candidate, events, cost, window) {
                 return candidate;
             }
         }
         self.earliest_after_all(events, cost, window, now.max(self.last()))
+    }
+
+    /// Conservative: room in `(t - window, t + window)`, which holds every window with t.
+    fn span_has_room(&self, t: Millis, events: usize, cost: usize, window: Millis) -> bool {
+        let lo = self.charges.partition_point(|&c| c + window <= t);
+        let hi = self.charges.partition_point(|&c| c < t + window);
+        hi - lo + cost <= events
     }
 
     /// With every charge at or before `t`, only `(t - window, t]` matters.
@@ -148,6 +157,9 @@ impl Bucket {
 
     /// Whether `cost` charges at `t` keep every window of length `window` at or under `events`.
     fn fits(&self, t: Millis, events: usize, cost: usize, window: Millis) -> bool {
+        if self.span_has_room(t, events, cost, window) {
+            return true;
+        }
         let lo = self.charges.partition_point(|&c| c + window <= t);
         let hi = self.charges.partition_point(|&c| c <= t);
         // Windows holding t start in (t - window, t]; the fullest starts at one of the
