@@ -8,6 +8,8 @@
 #     is measured; later the new leader is killed and restarted at once (same identity),
 #     which must not open a burst (windows seeded from released-at);
 #   - one pod is un-gated by hand (docs/releaser.md): it must be marked released;
+#   - then the API server is frozen (SIGSTOP) for 12 s: the leader must stop, and the
+#     releasers must recover by themselves once it answers again;
 #   - asserts: every pod released exactly once, never more than 5 in any 10 s window,
 #     foreign gates kept, releases of different processes never interleave, the
 #     leader gauges never sum above 1, handover within 15 s, Events aggregated.
@@ -59,6 +61,7 @@ export E2E_BIN
 W="$(mktemp -d /tmp/releaser-e2e.XXXXXX)"
 declare -A PROC=()   # process name -> pid
 MONITOR_PID=""
+OUTAGE=0
 
 stop_proc() {
   local pid="$1" sig="${2:-TERM}"
@@ -68,6 +71,7 @@ stop_proc() {
 }
 cleanup() {
   local rc=$?
+  [[ "$OUTAGE" == 1 ]] && kill -CONT "$APISERVER_PID" 2>/dev/null
   [[ -n "$MONITOR_PID" ]] && stop_proc "$MONITOR_PID"
   for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
   cluster_down "$W" || true
@@ -153,11 +157,12 @@ for line in open(sys.argv[1]):
 PY
 }
 lease_holder() {
-  kubectl -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
+  kubectl --request-timeout=2s -n churn-throttler get lease churn-throttler-releaser \
+    -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
 }
 holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
 released_count() {
-  kubectl get pods -A -l e2e=releaser -o json | python3 -c '
+  kubectl --request-timeout=5s get pods -A -l e2e=releaser -o json | python3 -c '
 import json, sys
 print(sum(1 for p in json.load(sys.stdin)["items"]
           if "churn-throttler.io/released-at" in (p["metadata"].get("annotations") or {})))'
@@ -176,7 +181,8 @@ monitor() {
           | awk '$1=="churn_throttler_releaser_leader" {print $2}') || true
       if [[ "$v" == 1 ]]; then sum=$((sum + 1)); who="$who $name"; fi
     done
-    echo "$t $(lease_holder) $sum$who" >>"$W/monitor.log"
+    local holder; holder=$(lease_holder) || true
+    echo "$t ${holder:--} $sum$who" >>"$W/monitor.log"
     sleep 0.25
   done
 }
@@ -254,6 +260,17 @@ rm -f "$W/metrics-b1.addr"
 start_releaser b2 releaser-b
 say "releaser-b killed and restarted in $(( $(now_ms) - t_restart )) ms"
 
+# ---- phase 4: the API server stops answering (SIGSTOP) for 12 s ---------------------
+wait_for "35 pods released" at_least_released 35
+t_outage=$(now_ms)
+kill -STOP "$APISERVER_PID"
+OUTAGE=1
+sleep 12
+kill -CONT "$APISERVER_PID"
+OUTAGE=0
+t_back=$(now_ms)
+say "API server frozen (SIGSTOP) for $(( (t_back - t_outage) / 1000 )) s, then resumed"
+
 wait_for "all $TOTAL pods released" at_least_released "$TOTAL"
 t_done=$(now_ms)
 say "all $TOTAL released $(( (t_done - t_created) / 1000 )) s after creation"
@@ -266,9 +283,10 @@ kubectl get events.events.k8s.io -A -o json >"$W/events.json"
 kubectl -n team-c get pod doomed >/dev/null 2>&1 && bad "the pod deleted while gated still exists" \
   || ok "the pod deleted while gated left the queue"
 
-python3 - "$W" "$RULE_EVENTS" "$RULE_WINDOW_MS" "$t_kill" "$t_restart" "$TOTAL" <<'PY' >"$W/checks.out"
+python3 - "$W" "$RULE_EVENTS" "$RULE_WINDOW_MS" "$t_kill" "$t_restart" "$TOTAL" "$t_outage" "$t_back" <<'PY' >"$W/checks.out"
 import json, sys, glob, os, datetime
 w, events_max, window, t_kill, t_restart, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+t_outage, t_back = int(sys.argv[7]), int(sys.argv[8])
 def ms(text):
     return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 pods = json.load(open(f"{w}/pods.json"))["items"]
@@ -324,6 +342,8 @@ res["first_after_kill_s"] = (after(t_kill) - t_kill) / 1000 if after(t_kill) els
 res["first_after_restart_s"] = (after(t_restart) - t_restart) / 1000 if after(t_restart) else None
 res["in_window_before_restart"] = sum(1 for x in times if t_restart - window < x <= t_restart)
 res["released_in_first_window_after_restart"] = sum(1 for x in times if t_restart < x < t_restart + window)
+res["released_during_outage"] = sum(1 for x in times if t_outage < x < t_back)
+res["first_after_outage_s"] = (after(t_back) - t_back) / 1000 if after(t_back) else None
 # Leader gauges and lease, sampled every 0.25 s.
 samples = [l.split() for l in open(f"{w}/monitor.log")]
 res["samples"] = len(samples)
@@ -343,6 +363,7 @@ get() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; pri
 say "release spans per process (s from first creation): $(get spans)"
 say "first release after the leader was killed: $(get first_after_kill_s) s; after the restart: $(get first_after_restart_s) s"
 say "releases in the window before the restart: $(get in_window_before_restart); in the first window after it: $(get released_in_first_window_after_restart)"
+say "API server outage: $(get released_during_outage) released while it was frozen; first release $(get first_after_outage_s) s after it came back"
 say "Events written: $(get events) $(get events_by_ns); e.g.: $(get event_example)"
 
 [[ "$(get all_released)" == true ]] && ok "all $TOTAL pods released, none lost across the failover and the restart" \
@@ -354,6 +375,8 @@ say "Events written: $(get events) $(get events_by_ns); e.g.: $(get event_exampl
 [[ "$(get released_twice)" == "[]" && "$(get unattributed)" == "[]" ]] && ok "each pod released once, by one process" \
   || bad "released twice: $(get released_twice); unattributed: $(get unattributed)"
 [[ "$(get overlap)" == false ]] && ok "releases of different processes never interleave" || bad "release spans overlap: $(get spans)"
+(( $(get released_during_outage) == 0 )) && ok "nothing released while the API server was frozen" \
+  || bad "$(get released_during_outage) released during the outage"
 (( $(get max_leaders) <= 1 )) && ok "leader gauges never summed above 1 ($(get samples) samples)" || bad "two leaders at once in the samples"
 [[ "$(get our_gate_left)" == "[]" ]] && ok "our gate removed from every pod" || bad "gate still on: $(get our_gate_left)"
 [[ "$(get foreign_kept)" == '["team-a/web-03", "team-b/web-03", "team-c/web-03"]' ]] \
