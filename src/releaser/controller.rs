@@ -717,3 +717,50 @@ fn event(pod: &QueuedPod, reason: &str, note: String, identity: &str) -> Event {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_of_rough_durations() {
+        for (ms, want) in [
+            (0, "1s"),
+            (1, "1s"),
+            (1_000, "1s"),
+            (1_001, "2s"),
+            (90_000, "90s"),
+            (120_000, "2m"),
+        ] {
+            assert_eq!(about(ms), want, "{ms} ms");
+        }
+    }
+
+    #[test]
+    fn events_regard_the_pod_and_stay_within_the_api_limits() {
+        let pod = QueuedPod {
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            uid: "u1".into(),
+            resource_version: "7".into(),
+            rule: "paced".into(),
+            owner: None,
+            created: 0,
+        };
+        let event = event(&pod, "Paced", "é".repeat(700), &"x".repeat(300));
+        let regarding = event.regarding.as_ref().expect("regarding");
+        assert_eq!(regarding.kind.as_deref(), Some("Pod"));
+        assert_eq!(regarding.uid.as_deref(), Some("u1"));
+        assert_eq!(event.metadata.namespace.as_deref(), Some("shop"));
+        assert!(event.note.as_ref().is_some_and(|n| n.len() <= 1000));
+        assert_eq!(
+            event.reporting_instance.as_ref().map(String::len),
+            Some(128)
+        );
+        assert_eq!(
+            event.reporting_controller.as_deref(),
+            Some(REPORTING_CONTROLLER)
+        );
+        assert!(event.event_time.is_some());
+    }
+}
