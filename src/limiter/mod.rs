@@ -435,19 +435,7 @@ impl Limiter {
         at: Millis,
         cost: u32,
     ) {
-        let identity = Identity::Exact(String::new());
-        let ask = Ask {
-            rule,
-            limits,
-            namespace,
-            owner,
-            identity: &identity,
-            cost,
-            reserve: false,
-            dry_run: false,
-            max_reserved_per_namespace: 0,
-        };
-        let keys = self.bucket_keys(&ask);
+        let keys = self.keys_for(rule, limits, namespace, owner.unwrap_or(""));
         for (key, limit) in keys.iter().zip(limits) {
             let bucket = self.buckets.entry(key.clone()).or_default();
             bucket.trim(at.min(bucket.last()));
@@ -470,19 +458,7 @@ impl Limiter {
         cost: u32,
         now: Millis,
     ) -> Millis {
-        let identity = Identity::Exact(String::new());
-        let ask = Ask {
-            rule,
-            limits,
-            namespace,
-            owner,
-            identity: &identity,
-            cost,
-            reserve: false,
-            dry_run: true,
-            max_reserved_per_namespace: 0,
-        };
-        self.bucket_keys(&ask)
+        self.keys_for(rule, limits, namespace, owner.unwrap_or(""))
             .iter()
             .zip(limits)
             .map(|(key, limit)| {
@@ -510,23 +486,32 @@ impl Limiter {
     }
 
     fn bucket_keys(&self, ask: &Ask<'_>) -> Vec<BucketKey> {
-        ask.limits
+        // Without a controller, a request is its own owner.
+        let owner = match (ask.owner, ask.identity) {
+            (Some(uid), _) => uid,
+            (None, Identity::Exact(id) | Identity::Pool(id)) => id.as_str(),
+        };
+        self.keys_for(ask.rule, ask.limits, ask.namespace, owner)
+    }
+
+    fn keys_for(
+        &self,
+        rule: &Arc<str>,
+        limits: &[Limit],
+        namespace: &str,
+        owner: &str,
+    ) -> Vec<BucketKey> {
+        limits
             .iter()
             .enumerate()
             .map(|(index, limit)| {
                 let scope = match limit.scope {
                     Scope::Global => ScopeKey::Global,
-                    Scope::Namespace => ScopeKey::Namespace(Arc::from(ask.namespace)),
-                    Scope::Owner => {
-                        let owner = match (ask.owner, ask.identity) {
-                            (Some(uid), _) => uid,
-                            (None, Identity::Exact(id) | Identity::Pool(id)) => id.as_str(),
-                        };
-                        ScopeKey::Owner(Arc::from(owner))
-                    }
+                    Scope::Namespace => ScopeKey::Namespace(Arc::from(namespace)),
+                    Scope::Owner => ScopeKey::Owner(Arc::from(owner)),
                 };
                 let mut key = BucketKey {
-                    rule: ask.rule.clone(),
+                    rule: rule.clone(),
                     limit: index.min(u8::MAX as usize) as u8,
                     scope,
                 };

@@ -69,6 +69,11 @@ pub fn issue_serving(
     let now = OffsetDateTime::now_utc();
     params.not_before = now + from;
     params.not_after = now + until;
+    sign(params, ca)
+}
+
+/// Signs `params` with the CA under a fresh key.
+fn sign(params: CertificateParams, ca: &CertAuthority) -> Result<ServingPair, CertGenError> {
     let ca_key = KeyPair::from_pem(&ca.key_pem)?;
     let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
     let key = KeyPair::generate()?;
@@ -90,12 +95,5 @@ pub fn issue_client(ca: &CertAuthority, common_name: &str) -> Result<ServingPair
     let now = OffsetDateTime::now_utc();
     params.not_before = now - Duration::hours(1);
     params.not_after = now + Duration::days(30);
-    let ca_key = KeyPair::from_pem(&ca.key_pem)?;
-    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
-    let key = KeyPair::generate()?;
-    let cert = params.signed_by(&key, &issuer)?;
-    Ok(ServingPair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    sign(params, ca)
 }
