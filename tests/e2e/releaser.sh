@@ -10,6 +10,7 @@
 #   - one pod is un-gated by hand (docs/releaser.md): it must be marked released;
 #   - then the API server is frozen (SIGSTOP) for 12 s: the leader must stop, and the
 #     releasers must recover by themselves once it answers again;
+#   - finally the leader is stopped cleanly (SIGTERM): it gives the lease up at once;
 #   - asserts: every pod released exactly once, never more than 5 in any 10 s window,
 #     foreign gates kept, releases of different processes never interleave, the
 #     leader gauges never sum above 1, handover within 15 s, Events aggregated.
@@ -274,6 +275,16 @@ say "API server frozen (SIGSTOP) for $(( (t_back - t_outage) / 1000 )) s, then r
 wait_for "all $TOTAL pods released" at_least_released "$TOTAL"
 t_done=$(now_ms)
 say "all $TOTAL released $(( (t_done - t_created) / 1000 )) s after creation"
+
+# ---- phase 5: a clean shutdown (SIGTERM) of the leader gives the lease up ----------
+holder_is releaser-b || die "releaser-b should lead at the end, not $(lease_holder)"
+t_term=$(now_ms)
+stop_proc "${PROC[b2]}" TERM; unset 'PROC[b2]'
+rm -f "$W/metrics-b2.addr"
+wait_for "releaser-a takes the lease after a clean shutdown" holder_is releaser-a
+graceful_ms=$(( $(now_ms) - t_term ))
+say "handover after SIGTERM of the leader (lease given up): $graceful_ms ms"
+(( graceful_ms <= 5000 )) && ok "a clean shutdown hands over in $graceful_ms ms" || bad "clean handover took $graceful_ms ms"
 sleep 1
 stop_proc "$MONITOR_PID"; MONITOR_PID=""
 
