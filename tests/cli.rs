@@ -87,3 +87,73 @@ fn serve_without_certificates_says_what_to_do() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tls-cert") && err.contains("--dev"), "{err}");
 }
+
+#[test]
+fn serve_dev_answers_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut child = binary()
+        .args([
+            "serve",
+            "--dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--dev-dir")
+        .arg(dir.path())
+        .env("CHURN_THROTTLER_SHUTDOWN_DELAY", "300ms")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
+    let lines: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .take(4)
+        .map_while(Result::ok)
+        .collect();
+    let text = lines.join("\n");
+    assert!(
+        text.contains("curl --cacert") && text.contains("/validate"),
+        "{text}"
+    );
+    assert!(dir.path().join("ca.crt").exists() && dir.path().join("sample-review.json").exists());
+    let metrics = text
+        .split_whitespace()
+        .find(|w| w.starts_with("http://127.0.0.1:") && w.ends_with("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics address in {text}"))
+        .to_string();
+    let ready = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &metrics.replace("/metrics", "/readyz"),
+        ])
+        .output();
+    if let Ok(out) = ready {
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(killed.success());
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let status = status.unwrap_or_else(|| {
+        let _ = child.kill();
+        panic!("serve did not stop within 10 s of SIGTERM")
+    });
+    assert!(status.success(), "exit status {status}");
+}
