@@ -26,6 +26,8 @@ pub enum Command {
     },
     /// Print the built-in default policy.
     DefaultPolicy,
+    /// Simulate a mass rollout under each action, over the same limiter and decision code.
+    Simulate(Box<crate::simulate::SimulateArgs>),
 }
 
 #[derive(Args, Debug, Clone)]

@@ -9,3 +9,4 @@ pub mod policy;
 pub mod releaser;
 pub mod serve;
 pub mod server;
+pub mod simulate;

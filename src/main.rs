@@ -9,6 +9,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig { file } => check_config(&file),
+        Command::Simulate(args) => match churn_throttler::simulate::main(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("churn-throttler simulate: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::DefaultPolicy => {
             print!("{DEFAULT_POLICY_YAML}");
             ExitCode::SUCCESS

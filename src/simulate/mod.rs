@@ -1,0 +1,201 @@
+//! `churn-throttler simulate`: a discrete-event simulation of a mass rollout that drives
+//! the same pure `decide_churn` and `Limiter` as the server, once per compared action.
+
+pub mod model;
+pub mod report;
+pub mod scenario;
+
+#[cfg(test)]
+mod tests;
+
+pub use model::{RunResult, Sim};
+pub use scenario::{Scenario, ScenarioFile, SimAction, PRESETS};
+
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct SimulateArgs {
+    /// Built-in scenario: mysql-300, huge-10k or e2e (ignored with --scenario).
+    #[arg(long, default_value = "mysql-300")]
+    pub preset: String,
+    /// Scenario YAML (see docs/simulator.md); flags below override its fields.
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+    /// Actions to compare, comma-separated: none,deny,retry-after,hold,gate,partition.
+    #[arg(long, value_delimiter = ',')]
+    pub actions: Vec<String>,
+    #[arg(long)]
+    pub statefulsets: Option<u32>,
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    #[arg(long)]
+    pub namespaces: Option<u32>,
+    #[arg(long)]
+    pub deployments: Option<u32>,
+    #[arg(long)]
+    pub deployment_replicas: Option<u32>,
+    /// The limit as events/window, e.g. 20/10s (global scope).
+    #[arg(long)]
+    pub limit: Option<String>,
+    /// Termination delay: 10s, uniform(5s, 15s) or lognormal(10s, 0.3).
+    #[arg(long)]
+    pub terminate: Option<String>,
+    /// Start-to-Ready delay, same forms as --terminate.
+    #[arg(long)]
+    pub start: Option<String>,
+    /// StatefulSet controller workers.
+    #[arg(long)]
+    pub workers: Option<u32>,
+    #[arg(long)]
+    pub max_hold: Option<String>,
+    #[arg(long)]
+    pub max_retry_after: Option<String>,
+    /// For gate and partition; 0 for no cap.
+    #[arg(long)]
+    pub max_not_ready: Option<u32>,
+    #[arg(long)]
+    pub api_latency: Option<String>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Leave out the unthrottled StatefulSet.
+    #[arg(long)]
+    pub no_collateral: bool,
+    /// Write the table as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write an SVG plot of events per window over time, one line per action.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print the effective scenario as YAML and the policy of each action, then exit.
+    #[arg(long)]
+    pub print_scenario: bool,
+}
+
+impl SimulateArgs {
+    /// The scenario file (or preset) with the flags applied.
+    pub fn scenario_file(&self) -> Result<ScenarioFile, String> {
+        let mut f = match &self.scenario {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                ScenarioFile::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+            None => ScenarioFile::preset(&self.preset)?,
+        };
+        if !self.actions.is_empty() {
+            f.actions = self.actions.clone();
+        }
+        macro_rules! set {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &self.$field {
+                    f.$field = v.clone();
+                }
+            )*};
+        }
+        set!(
+            statefulsets,
+            replicas,
+            namespaces,
+            deployments,
+            deployment_replicas,
+            limit,
+            terminate,
+            start,
+            workers,
+            max_hold,
+            max_retry_after,
+            max_not_ready,
+            api_latency,
+            seed
+        );
+        if self.no_collateral {
+            f.collateral = false;
+        }
+        Ok(f)
+    }
+}
+
+/// Runs every action of the scenario; results in the scenario's action order.
+pub fn simulate(sc: &Scenario) -> Result<Vec<RunResult>, String> {
+    sc.actions
+        .iter()
+        .map(|&action| Ok(Sim::new(sc, action)?.run()))
+        .collect()
+}
+
+/// The command: prints the table, writes CSV and plot when asked.
+pub fn main(args: &SimulateArgs) -> anyhow::Result<()> {
+    let file = args.scenario_file().map_err(anyhow::Error::msg)?;
+    let sc = file.build().map_err(anyhow::Error::msg)?;
+    if args.print_scenario {
+        print!("{}", file.to_yaml());
+        for action in &sc.actions {
+            println!(
+                "# policy for {}:\n{}",
+                action.as_str(),
+                sc.policy_yaml(*action)
+            );
+        }
+        return Ok(());
+    }
+    println!("{}", describe(&sc));
+    let started = Instant::now();
+    let runs = simulate(&sc).map_err(anyhow::Error::msg)?;
+    let wall = started.elapsed();
+    let rows: Vec<report::Row> = runs.iter().map(|r| report::row(&sc, r)).collect();
+    print!("{}", report::table(&sc, &rows));
+    let events: u64 = runs.iter().map(|r| r.events).sum();
+    println!(
+        "simulated {} actions in {:.2} s wall ({} events)",
+        runs.len(),
+        wall.as_secs_f64(),
+        events
+    );
+    if let Some(path) = &args.csv {
+        std::fs::write(path, report::csv(&sc, &rows))?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        report::plot(&sc, &runs, path).map_err(anyhow::Error::msg)?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+pub fn describe(sc: &Scenario) -> String {
+    let mut what = format!(
+        "scenario {}: {} StatefulSets × {} in {} namespaces",
+        sc.file.name, sc.statefulsets, sc.replicas, sc.namespaces
+    );
+    if sc.deployments > 0 {
+        what += &format!(
+            ", {} Deployments × {} (maxSurge {}, maxUnavailable {})",
+            sc.deployments, sc.deployment_replicas, sc.max_surge, sc.max_unavailable
+        );
+    }
+    if sc.collateral {
+        what += &format!(", + 1 unthrottled StatefulSet × {}", sc.collateral_replicas);
+    }
+    format!(
+        "{what}\n  limit {} per {} s, terminate {}, start {}, {} workers, API latency {} ms, \
+         client {} qps/{} burst, queue bucket {} qps/{}, seed {}\n  \
+         ideal makespan: {} pods / ({} per {} s) = {} s\n",
+        sc.events,
+        sc.window as f64 / 1000.0,
+        sc.terminate,
+        sc.start,
+        sc.workers,
+        sc.api_latency,
+        sc.client_qps,
+        sc.client_burst,
+        sc.queue_qps,
+        sc.queue_burst,
+        sc.seed,
+        sc.paced_pods(),
+        sc.events,
+        sc.window as f64 / 1000.0,
+        sc.ideal_ms() / 1000
+    )
+}

@@ -1,0 +1,497 @@
+//! What a simulation runs: the workload, the controllers' knobs, the limit, and the
+//! policy each compared action stands for. Presets, YAML scenario files and CLI overrides.
+
+use crate::limiter::Millis;
+use crate::policy::{format_duration, parse_duration, Policy};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// The ways of pacing that the simulator compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SimAction {
+    /// No webhook at all: the baseline churn.
+    None,
+    Deny,
+    RetryAfter,
+    Hold,
+    Gate,
+    Partition,
+}
+
+impl SimAction {
+    pub const ALL: [SimAction; 6] = [
+        SimAction::None,
+        SimAction::Deny,
+        SimAction::RetryAfter,
+        SimAction::Hold,
+        SimAction::Gate,
+        SimAction::Partition,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimAction::None => "none",
+            SimAction::Deny => "deny",
+            SimAction::RetryAfter => "retry-after",
+            SimAction::Hold => "hold",
+            SimAction::Gate => "gate",
+            SimAction::Partition => "partition",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<SimAction, String> {
+        SimAction::ALL
+            .into_iter()
+            .find(|a| a.as_str() == text.trim())
+            .ok_or_else(|| {
+                format!(
+                    "unknown action {text:?}; use none, deny, retry-after, hold, gate or partition"
+                )
+            })
+    }
+
+    /// Which pod event the action's rule charges, for "peak paced events".
+    pub fn paced_event(self) -> &'static str {
+        match self {
+            SimAction::None | SimAction::Deny | SimAction::RetryAfter | SimAction::Hold => {
+                "deletion"
+            }
+            SimAction::Gate => "start",
+            SimAction::Partition => "partition step",
+        }
+    }
+}
+
+/// A delay drawn per pod: `10s`, `uniform(15s, 25s)` or `lognormal(20s, 0.25)`
+/// (median and sigma of the underlying normal).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Dist {
+    Fixed(Millis),
+    Uniform(Millis, Millis),
+    LogNormal { median: Millis, sigma: f64 },
+}
+
+impl Dist {
+    /// `u` and `z`: a uniform draw in [0, 1) and a standard normal draw.
+    pub fn sample(&self, u: f64, z: f64) -> Millis {
+        match *self {
+            Dist::Fixed(v) => v,
+            Dist::Uniform(lo, hi) => lo + ((hi - lo) as f64 * u) as Millis,
+            Dist::LogNormal { median, sigma } => {
+                ((median as f64) * (sigma * z).exp()).round().max(0.0) as Millis
+            }
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Dist, String> {
+        let text = text.trim();
+        let ms = |t: &str| parse_duration(t.trim()).map(|d| d.as_millis() as Millis);
+        let args = |prefix: &str| -> Option<Vec<&str>> {
+            text.strip_prefix(prefix)?
+                .strip_suffix(')')
+                .map(|inner| inner.split(',').collect())
+        };
+        if let Some(a) = args("uniform(") {
+            if a.len() != 2 {
+                return Err(format!("{text:?}: uniform takes (min, max)"));
+            }
+            let (lo, hi) = (ms(a[0])?, ms(a[1])?);
+            if hi < lo {
+                return Err(format!("{text:?}: max is below min"));
+            }
+            return Ok(Dist::Uniform(lo, hi));
+        }
+        if let Some(a) = args("lognormal(") {
+            if a.len() != 2 {
+                return Err(format!("{text:?}: lognormal takes (median, sigma)"));
+            }
+            let sigma: f64 = a[1]
+                .trim()
+                .parse()
+                .map_err(|_| format!("{text:?}: sigma is not a number"))?;
+            if !(0.0..=3.0).contains(&sigma) {
+                return Err(format!("{text:?}: sigma must be between 0 and 3"));
+            }
+            return Ok(Dist::LogNormal {
+                median: ms(a[0])?,
+                sigma,
+            });
+        }
+        ms(text).map(Dist::Fixed).map_err(|e| {
+            format!("{e}; a delay is a duration, uniform(min, max) or lognormal(median, sigma)")
+        })
+    }
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = |ms: Millis| format_duration(Duration::from_millis(ms));
+        match *self {
+            Dist::Fixed(v) => write!(f, "{}", d(v)),
+            Dist::Uniform(lo, hi) => write!(f, "uniform({}, {})", d(lo), d(hi)),
+            Dist::LogNormal { median, sigma } => write!(f, "lognormal({}, {sigma})", d(median)),
+        }
+    }
+}
+
+/// A scenario as written in YAML; every field has the mysql-300 default.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ScenarioFile {
+    pub name: String,
+    pub seed: u64,
+    /// Throttled StatefulSets (in opted-in namespaces), all updated at t = 0.
+    pub statefulsets: u32,
+    pub replicas: u32,
+    /// The throttled StatefulSets are spread round-robin over this many namespaces.
+    pub namespaces: u32,
+    /// Throttled Deployments (rolling update, maxSurge/maxUnavailable), updated at t = 0.
+    pub deployments: u32,
+    pub deployment_replicas: u32,
+    pub max_surge: u32,
+    pub max_unavailable: u32,
+    /// Old pod's termination (deletion to gone).
+    pub terminate: String,
+    /// New pod's start (scheduled to Ready).
+    pub start: String,
+    /// "20/10s": events per window, global scope.
+    pub limit: String,
+    pub max_hold: String,
+    pub max_retry_after: String,
+    /// Released pods not yet Ready, for gate and partition; 0 for no cap.
+    pub max_not_ready: u32,
+    /// StatefulSet controller workers (kube-controller-manager --concurrent-statefulset-syncs).
+    pub workers: u32,
+    /// ReplicaSet/Deployment controller workers.
+    pub deployment_workers: u32,
+    /// client-go retries on 429 with Retry-After.
+    pub max_retries: u32,
+    /// One API round trip (webhook included), for every request.
+    pub api_latency: String,
+    /// The controller client's token bucket (kube-controller-manager --kube-api-qps/-burst); 0 = off.
+    pub client_qps: f64,
+    pub client_burst: u32,
+    /// The work queue's overall bucket (client-go default 10 qps, burst 100); 0 = off.
+    pub queue_qps: f64,
+    pub queue_burst: u32,
+    /// Work-queue per-item backoff: base doubling up to max.
+    pub backoff_base: String,
+    pub backoff_max: String,
+    /// An unthrottled StatefulSet (unlabelled namespace) rolling at the same time.
+    pub collateral: bool,
+    pub collateral_replicas: u32,
+    /// When the unthrottled StatefulSet is updated (it queues behind the operator's burst).
+    pub collateral_at: String,
+    pub actions: Vec<String>,
+    /// Simulated time after which a run stops unconverged; 0 = 100 × ideal + 1h.
+    pub horizon: String,
+    /// Policy YAML per action name, replacing the generated one.
+    pub policies: BTreeMap<String, String>,
+}
+
+impl Default for ScenarioFile {
+    fn default() -> Self {
+        ScenarioFile {
+            name: "mysql-300".into(),
+            seed: 1,
+            statefulsets: 300,
+            replicas: 3,
+            namespaces: 300,
+            deployments: 0,
+            deployment_replicas: 10,
+            max_surge: 1,
+            max_unavailable: 0,
+            terminate: "10s".into(),
+            start: "lognormal(20s, 0.2)".into(),
+            limit: "20/10s".into(),
+            max_hold: "5s".into(),
+            max_retry_after: "30s".into(),
+            max_not_ready: 50,
+            workers: 5,
+            deployment_workers: 5,
+            max_retries: 10,
+            api_latency: "10ms".into(),
+            client_qps: 20.0,
+            client_burst: 30,
+            queue_qps: 10.0,
+            queue_burst: 100,
+            backoff_base: "5ms".into(),
+            backoff_max: "1000s".into(),
+            collateral: true,
+            collateral_replicas: 3,
+            collateral_at: "0s".into(),
+            actions: SimAction::ALL
+                .iter()
+                .map(|a| a.as_str().to_string())
+                .collect(),
+            horizon: "0s".into(),
+            policies: BTreeMap::new(),
+        }
+    }
+}
+
+pub const PRESETS: [&str; 3] = ["mysql-300", "huge-10k", "e2e"];
+
+impl ScenarioFile {
+    pub fn preset(name: &str) -> Result<ScenarioFile, String> {
+        let base = ScenarioFile::default();
+        match name {
+            // DESIGN.md "What each action costs": an operator upgrade re-creates 300 MySQL
+            // StatefulSets × 3 at once; pods terminate in 10 s and are Ready in about 20 s.
+            "mysql-300" => Ok(base),
+            "huge-10k" => Ok(ScenarioFile {
+                name: "huge-10k".into(),
+                statefulsets: 10_000,
+                namespaces: 10_000,
+                ..base
+            }),
+            // What an end-to-end run on kwok can do: kwok makes pods Ready in about a second
+            // and finishes deletions at once.
+            "e2e" => Ok(ScenarioFile {
+                name: "e2e".into(),
+                statefulsets: 100,
+                namespaces: 10,
+                terminate: "uniform(100ms, 500ms)".into(),
+                start: "uniform(500ms, 1500ms)".into(),
+                ..base
+            }),
+            other => Err(format!(
+                "unknown preset {other:?}; presets: {}",
+                PRESETS.join(", ")
+            )),
+        }
+    }
+
+    pub fn from_yaml(text: &str) -> Result<ScenarioFile, String> {
+        serde_yaml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    pub fn to_yaml(&self) -> String {
+        serde_yaml::to_string(self).unwrap_or_default()
+    }
+
+    /// Checks and converts into what the model runs.
+    pub fn build(&self) -> Result<Scenario, String> {
+        let ms = |field: &str, text: &str| {
+            parse_duration(text)
+                .map(|d| d.as_millis() as Millis)
+                .map_err(|e| format!("{field}: {e}"))
+        };
+        let (events, window) = parse_limit(&self.limit)?;
+        if self.replicas == 0 || self.replicas > 1000 {
+            return Err("replicas must be 1 to 1000".into());
+        }
+        if self.statefulsets + self.deployments == 0 {
+            return Err("nothing to roll: statefulsets and deployments are both 0".into());
+        }
+        if self.workers == 0 || self.deployment_workers == 0 {
+            return Err("workers must be at least 1".into());
+        }
+        if self.deployments > 0 && self.max_surge == 0 && self.max_unavailable == 0 {
+            return Err("maxSurge and maxUnavailable cannot both be 0".into());
+        }
+        let mut actions = Vec::new();
+        for a in &self.actions {
+            let action = SimAction::parse(a)?;
+            if !actions.contains(&action) {
+                actions.push(action);
+            }
+        }
+        if actions.is_empty() {
+            return Err("no actions to compare".into());
+        }
+        for key in self.policies.keys() {
+            SimAction::parse(key).map_err(|e| format!("policies: {e}"))?;
+        }
+        let sc = Scenario {
+            file: self.clone(),
+            statefulsets: self.statefulsets,
+            replicas: self.replicas,
+            namespaces: self
+                .namespaces
+                .clamp(1, self.statefulsets.max(self.deployments).max(1)),
+            deployments: self.deployments,
+            deployment_replicas: self.deployment_replicas.max(1),
+            max_surge: self.max_surge,
+            max_unavailable: self.max_unavailable,
+            terminate: Dist::parse(&self.terminate).map_err(|e| format!("terminate: {e}"))?,
+            start: Dist::parse(&self.start).map_err(|e| format!("start: {e}"))?,
+            events,
+            window,
+            max_hold: ms("maxHold", &self.max_hold)?,
+            max_retry_after: ms("maxRetryAfter", &self.max_retry_after)?,
+            max_not_ready: self.max_not_ready,
+            workers: self.workers,
+            deployment_workers: self.deployment_workers,
+            max_retries: self.max_retries,
+            api_latency: ms("apiLatency", &self.api_latency)?,
+            client_qps: self.client_qps.max(0.0),
+            client_burst: self.client_burst.max(1),
+            queue_qps: self.queue_qps.max(0.0),
+            queue_burst: self.queue_burst.max(1),
+            backoff_base: ms("backoffBase", &self.backoff_base)?.max(1),
+            backoff_max: ms("backoffMax", &self.backoff_max)?.max(1),
+            collateral: self.collateral,
+            collateral_replicas: self.collateral_replicas.max(1),
+            collateral_at: ms("collateralAt", &self.collateral_at)?,
+            actions,
+            horizon: ms("horizon", &self.horizon)?,
+            seed: self.seed,
+        };
+        // Every generated policy must pass the real validation.
+        for action in &sc.actions {
+            sc.policy(*action)?;
+        }
+        Ok(sc)
+    }
+}
+
+/// "20/10s" -> (20, 10 000 ms).
+pub fn parse_limit(text: &str) -> Result<(u32, Millis), String> {
+    let (events, window) = text
+        .split_once('/')
+        .ok_or_else(|| format!("limit {text:?}: write events/window, e.g. 20/10s"))?;
+    let events: u32 = events
+        .trim()
+        .parse()
+        .map_err(|_| format!("limit {text:?}: events is not a number"))?;
+    let window = parse_duration(window)
+        .map_err(|e| format!("limit {text:?}: {e}"))?
+        .as_millis() as Millis;
+    if events == 0 || window == 0 {
+        return Err(format!(
+            "limit {text:?}: events and window must be positive"
+        ));
+    }
+    Ok((events, window))
+}
+
+/// A checked scenario, times in milliseconds.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub file: ScenarioFile,
+    pub statefulsets: u32,
+    pub replicas: u32,
+    pub namespaces: u32,
+    pub deployments: u32,
+    pub deployment_replicas: u32,
+    pub max_surge: u32,
+    pub max_unavailable: u32,
+    pub terminate: Dist,
+    pub start: Dist,
+    pub events: u32,
+    pub window: Millis,
+    pub max_hold: Millis,
+    pub max_retry_after: Millis,
+    pub max_not_ready: u32,
+    pub workers: u32,
+    pub deployment_workers: u32,
+    pub max_retries: u32,
+    pub api_latency: Millis,
+    pub client_qps: f64,
+    pub client_burst: u32,
+    pub queue_qps: f64,
+    pub queue_burst: u32,
+    pub backoff_base: Millis,
+    pub backoff_max: Millis,
+    pub collateral: bool,
+    pub collateral_replicas: u32,
+    pub collateral_at: Millis,
+    pub actions: Vec<SimAction>,
+    pub horizon: Millis,
+    pub seed: u64,
+}
+
+pub const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
+pub const REPLICASET_CONTROLLER: &str = "system:serviceaccount:kube-system:replicaset-controller";
+pub const OPERATOR: &str = "system:serviceaccount:operator-system:operator";
+pub const RELEASER: &str = "system:serviceaccount:churn-throttler:churn-throttler";
+
+impl Scenario {
+    /// Pods re-created by the throttled workloads: one paced event each.
+    pub fn paced_pods(&self) -> u64 {
+        self.statefulsets as u64 * self.replicas as u64
+            + self.deployments as u64 * self.deployment_replicas as u64
+    }
+
+    /// events / rate: the least time the limit allows for all re-creations.
+    pub fn ideal_ms(&self) -> Millis {
+        self.paced_pods() * self.window / self.events as u64
+    }
+
+    pub fn horizon_ms(&self) -> Millis {
+        if self.horizon > 0 {
+            self.horizon
+        } else {
+            self.ideal_ms().saturating_mul(100) + 3_600_000
+        }
+    }
+
+    /// The policy an action stands for: the built-in policy's shape with this limit.
+    pub fn policy(&self, action: SimAction) -> Result<Policy, String> {
+        let yaml = match self.file.policies.get(action.as_str()) {
+            Some(text) => text.clone(),
+            None => self.policy_yaml(action),
+        };
+        Policy::from_yaml(&yaml, &format!("<policy for {}>", action.as_str()))
+            .map_err(|e| e.to_string())
+    }
+
+    pub fn policy_yaml(&self, action: SimAction) -> String {
+        let limit = format!(
+            "{{ events: {}, window: {}, scope: global }}",
+            self.events,
+            format_duration(Duration::from_millis(self.window))
+        );
+        let max_not_ready = if self.max_not_ready > 0 {
+            format!("\n    maxNotReady: {}", self.max_not_ready)
+        } else {
+            String::new()
+        };
+        let deletes = |action: &str, extra: &str| {
+            format!(
+                "  - name: controller-deletes\n    match:\n      resources: [pods]\n      operations: [DELETE]\n      \
+                 users: [{STATEFULSET_CONTROLLER}, {REPLICASET_CONTROLLER}]\n    limit: {limit}\n    action: {action}{extra}\n"
+            )
+        };
+        let creates = |kinds: &str| {
+            format!(
+                "  - name: controller-creates\n    match:\n      resources: [pods]\n      operations: [CREATE]\n      \
+                 controllerKinds: [{kinds}]\n    limit: {limit}\n    action: gate{max_not_ready}\n"
+            )
+        };
+        let d = |ms: Millis| format_duration(Duration::from_millis(ms));
+        let rules = match action {
+            SimAction::None => String::new(),
+            SimAction::Deny => deletes("deny", ""),
+            SimAction::RetryAfter => deletes(
+                "retry-after",
+                &format!("\n    maxRetryAfter: {}", d(self.max_retry_after)),
+            ),
+            SimAction::Hold => deletes(
+                "hold",
+                &format!(
+                    "\n    maxHold: {}\n    maxRetryAfter: {}",
+                    d(self.max_hold),
+                    d(self.max_retry_after)
+                ),
+            ),
+            SimAction::Gate => creates("StatefulSet, ReplicaSet"),
+            SimAction::Partition => format!(
+                "  - name: statefulset-rollouts\n    match:\n      resources: [statefulsets]\n      operations: [UPDATE]\n    \
+                 limit: {limit}\n    action: partition{max_not_ready}\n{}",
+                creates("ReplicaSet")
+            ),
+        };
+        let rules = if rules.is_empty() {
+            "rules: []\n".to_string()
+        } else {
+            format!("rules:\n{rules}")
+        };
+        format!(
+            "timeoutSeconds: 10\n{rules}exempt:\n  namespaces: [kube-system]\n  users: [{RELEASER}]\n"
+        )
+    }
+}
