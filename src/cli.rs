@@ -82,6 +82,35 @@ pub struct ServeArgs {
     pub log_format: String,
     #[command(flatten)]
     pub releaser: ReleaserArgs,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
+}
+
+/// The global budget across webhook replicas (see docs/global-budget.md).
+#[derive(Args, Debug, Clone)]
+pub struct BudgetArgs {
+    /// Share every limit across the webhook replicas: each counts the live replica
+    /// Leases (N) and enforces 1/N of each limit. On by default; off with --dev, and when
+    /// no Kubernetes configuration is found unless given explicitly; `--replica-budget=false`
+    /// turns it off.
+    #[arg(id = "replica_budget", long = "replica-budget", env = "CHURN_THROTTLER_REPLICA_BUDGET", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub enabled: Option<bool>,
+    /// Replicas assumed while the API server cannot be reached for longer than a lease
+    /// (10 s): each replica then enforces 1/max(this, the last count) of every limit.
+    #[arg(long, env = "CHURN_THROTTLER_MAX_REPLICAS", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_replicas: u32,
+}
+
+impl BudgetArgs {
+    /// Turned off, for embedding `serve` where no cluster is wanted (tests).
+    pub fn disabled() -> BudgetArgs {
+        BudgetArgs {
+            enabled: Some(false),
+            max_replicas: 3,
+        }
+    }
 }
 
 /// The gate releaser inside `serve` (see docs/releaser.md).

@@ -2,6 +2,7 @@
 //! The decision code (policy, limiter, admission) is pure; server and cli are the shells.
 
 pub mod admission;
+pub mod budget;
 pub mod cli;
 pub mod limiter;
 pub mod metrics;

@@ -48,6 +48,12 @@ pub struct Metrics {
     pub releaser_api_errors: IntCounterVec,
     /// releaser: Events written on gated pods
     pub gate_events: IntCounterVec,
+    /// global budget: what every limit is divided by on this replica (1: budget off)
+    pub budget_replicas: IntGauge,
+    /// global budget: 1 while the fallback share applies
+    pub budget_fallback: IntGauge,
+    /// global budget: failed Lease calls
+    pub budget_api_errors: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -229,6 +235,22 @@ impl Metrics {
                 "churn_throttler_gate_events_total",
                 "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady).",
                 &["reason"],
+            ),
+            budget_replicas: gauge(
+                &registry,
+                "churn_throttler_budget_replicas",
+                "Global budget: what every limit is divided by on this replica (live replicas, or the fallback; 1 when the budget is off, 0 while warming up at 1 event per window).",
+            ),
+            budget_fallback: gauge(
+                &registry,
+                "churn_throttler_budget_fallback",
+                "Global budget: 1 while the API server has been out of reach for longer than a lease and the fallback share applies.",
+            ),
+            budget_api_errors: counter_vec(
+                &registry,
+                "churn_throttler_budget_api_errors_total",
+                "Global budget: failed API calls on the replica Leases, by operation.",
+                &["operation"],
             ),
             registry,
         }

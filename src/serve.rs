@@ -120,9 +120,23 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
     match crate::releaser::config_from_args(&args) {
         Some(config) => {
+            state.set_releaser_starting();
             tasks.spawn(crate::releaser::run(config, state.clone(), stop_rx.clone()));
         }
         None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
+    }
+    match crate::budget::lease::config_from_args(&args) {
+        Some(config) => {
+            state.enable_budget(args.budget.max_replicas, config.duration);
+            tasks.spawn(crate::budget::lease::run(
+                config,
+                state.clone(),
+                stop_rx.clone(),
+            ));
+        }
+        None => tracing::info!(
+            "global budget off (--replica-budget=false, or --dev): this replica enforces every limit whole"
+        ),
     }
     state.set_tls_up();
     tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");

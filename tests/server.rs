@@ -85,6 +85,7 @@ fn args(dir: &Path) -> ServeArgs {
         max_body_bytes: 256 * 1024,
         log_format: "text".into(),
         releaser: churn_throttler::cli::ReleaserArgs::disabled(),
+        budget: churn_throttler::cli::BudgetArgs::disabled(),
     }
 }
 

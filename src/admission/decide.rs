@@ -193,20 +193,34 @@ pub fn decide_churn(
                 }
                 return decided(Verdict::Admitted, None);
             }
+            let gated = |wait: Option<Millis>| {
+                let when = match wait {
+                    Some(wait) => format!(
+                        "about {} now",
+                        format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000))
+                    ),
+                    None => "the replica that releases decides when".to_string(),
+                };
+                decided(
+                    Verdict::Gate {
+                        patch: gate_patch(churn, &rule.name),
+                    },
+                    Some(format!(
+                        "churn-throttler: rule {:?} paces pod creation to {}; this pod waits behind \
+                         the scheduling gate {GATE_NAME} ({when})",
+                        rule.name,
+                        rate(rule),
+                    )),
+                )
+            };
+            if rule.gate_only {
+                // The global budget: only the releasing replica admits pods at once.
+                return gated(None);
+            }
             match limiter.acquire(&ask(false), now) {
                 Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
                 Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
-                    let wait = slot.saturating_sub(now);
-                    decided(
-                        Verdict::Gate { patch: gate_patch(churn, &rule.name) },
-                        Some(format!(
-                            "churn-throttler: rule {:?} paces pod creation to {}; this pod waits behind \
-                             the scheduling gate {GATE_NAME} (about {} now)",
-                            rule.name,
-                            rate(rule),
-                            format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000))
-                        )),
-                    )
+                    gated(Some(slot.saturating_sub(now)))
                 }
             }
         }

@@ -368,6 +368,7 @@ fn build_rule(
         max_not_ready: raw.max_not_ready,
         max_reserved_per_namespace,
         max_retry_after,
+        gate_only: false,
     })
 }
 

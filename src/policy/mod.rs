@@ -133,6 +133,10 @@ pub struct Rule {
     pub max_reserved_per_namespace: u32,
     /// Retry-After answers never ask for more than this; the retry then keeps its slot.
     pub max_retry_after: Duration,
+    /// For gate: gate every pod, admit none at once. Never set by the policy file: the
+    /// global budget sets it on replicas that do not lead the releaser, so that the
+    /// leader alone decides how many pods start in a window (src/budget).
+    pub gate_only: bool,
 }
 
 impl Rule {
@@ -234,6 +238,15 @@ impl Policy {
         Policy::from_yaml(DEFAULT_POLICY_YAML, "<built-in>").unwrap_or_else(|e| {
             panic!("built-in policy is invalid: {e}");
         })
+    }
+
+    /// The longest window of any limit (zero without rules).
+    pub fn longest_window(&self) -> Duration {
+        self.rules
+            .iter()
+            .flat_map(|r| r.limits.iter().map(|l| l.window))
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// The server's deadline for one review: a second inside the webhook timeout.

@@ -83,6 +83,8 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
         shutdown.clone(),
     ));
     let mut leadership = Leadership::new(rx);
+    // The global budget: only the leader admits gate-rule pods at once (src/budget).
+    state.set_releaser_leadership(leadership.clone());
     let mut releaser = Releaser::new(client, state.clone(), &config);
     loop {
         tokio::select! {

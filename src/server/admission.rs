@@ -163,7 +163,7 @@ async fn review(
         );
     }
 
-    let policy = state.policy();
+    let policy = state.decision_policy();
     let now = now_millis();
     let decision = {
         let mut limiter = state.limiter();

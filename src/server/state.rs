@@ -1,15 +1,21 @@
 //! Shared state of the server: the policy in force, the limiter, metrics and readiness.
 
+use crate::budget::{scale_policy, share_at, GateRole, Share, ShareHistory};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
+use crate::releaser::lease::Leadership;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub struct AppState {
     policy: RwLock<Arc<Policy>>,
     limiter: Mutex<Limiter>,
+    budget: Mutex<Budget>,
+    /// The policy scaled by the share last asked for, and what it was made from.
+    scaled: Mutex<Option<Scaled>>,
+    releaser: Mutex<ReleaserRole>,
     pub metrics: Arc<Metrics>,
     tls_up: AtomicBool,
     shutting_down: AtomicBool,
@@ -22,6 +28,9 @@ impl AppState {
         let state = Arc::new(AppState {
             policy: RwLock::new(Arc::new(policy)),
             limiter: Mutex::new(limiter),
+            budget: Mutex::new(Budget::default()),
+            scaled: Mutex::new(None),
+            releaser: Mutex::new(ReleaserRole::Off),
             metrics,
             tls_up: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
@@ -67,6 +76,112 @@ impl AppState {
         self.metrics.policy_rules.set(policy.rules.len() as i64);
     }
 
+    /// The policy the webhook decides with: the policy in force, scaled by this replica's
+    /// share of the global budget (src/budget). The releaser uses `policy()`, unscaled.
+    pub fn decision_policy(&self) -> Arc<Policy> {
+        let policy = self.policy();
+        let share = self.share();
+        if share == Share::Whole {
+            return policy;
+        }
+        let role = self.gate_role();
+        let mut cache = lock(&self.scaled);
+        if let Some(c) = cache.as_ref() {
+            if Arc::ptr_eq(&c.source, &policy) && c.share == share && c.role == role {
+                return c.policy.clone();
+            }
+        }
+        let scaled = Arc::new(scale_policy(&policy, share, role));
+        *cache = Some(Scaled {
+            source: policy,
+            share,
+            role,
+            policy: scaled.clone(),
+        });
+        scaled
+    }
+
+    /// Turns the global budget on: until the first count, the fallback share applies.
+    pub fn enable_budget(&self, max_replicas: u32, lease: Duration) {
+        let mut budget = lock(&self.budget);
+        budget.enabled = true;
+        budget.max_replicas = max_replicas;
+        budget.lease = lease;
+        // What this replica's predecessor admitted is unknown: one window of warm-up.
+        budget.history = ShareHistory::default();
+        let hold = Millis::MAX;
+        let now = Instant::now()
+            .saturating_duration_since(budget.origin)
+            .as_millis() as Millis;
+        budget.history.push(now, Share::WarmingUp, hold);
+        drop(budget);
+        self.publish_budget();
+    }
+
+    /// No cluster to coordinate through: the whole of every limit.
+    pub fn set_budget_off(&self) {
+        lock(&self.budget).enabled = false;
+        self.publish_budget();
+    }
+
+    /// A successful renewal and listing at `at` counted `replicas` live replicas.
+    pub fn set_budget_contact(&self, at: tokio::time::Instant, replicas: u32) {
+        lock(&self.budget).contact = Some((at.into_std(), replicas));
+    }
+
+    /// This replica's share of the global budget right now: the smallest of the last
+    /// longest window (plus a renewal), so shares grow late and shrink at once.
+    pub fn share(&self) -> Share {
+        let hold = self.policy().longest_window() + Duration::from_secs(2);
+        let mut guard = lock(&self.budget);
+        let budget = &mut *guard;
+        if !budget.enabled {
+            return Share::Whole;
+        }
+        let origin = budget.origin;
+        let ms = |at: Instant| at.saturating_duration_since(origin).as_millis() as Millis;
+        let now = ms(Instant::now());
+        let computed = share_at(
+            budget.contact.map(|(at, n)| (ms(at), n)),
+            now,
+            budget.lease.as_millis() as Millis,
+            budget.max_replicas,
+        );
+        budget
+            .history
+            .push(now, computed, hold.as_millis() as Millis)
+    }
+
+    pub fn publish_budget(&self) {
+        let share = self.share();
+        let divisor = match share {
+            Share::WarmingUp => 0,
+            other => i64::from(other.divisor()),
+        };
+        self.metrics.budget_replicas.set(divisor);
+        self.metrics
+            .budget_fallback
+            .set(i64::from(share.is_fallback()));
+    }
+
+    /// The releaser runs in this process (its leadership follows once it has a client).
+    pub fn set_releaser_starting(&self) {
+        *lock(&self.releaser) = ReleaserRole::Starting;
+    }
+
+    pub fn set_releaser_leadership(&self, leadership: Leadership) {
+        *lock(&self.releaser) = ReleaserRole::Running(leadership);
+    }
+
+    fn gate_role(&self) -> GateRole {
+        match &*lock(&self.releaser) {
+            ReleaserRole::Off => GateRole::NoReleaser,
+            ReleaserRole::Starting => GateRole::Follower,
+            ReleaserRole::Running(l) if l.is_leader() => GateRole::Leader,
+            ReleaserRole::Running(_) => GateRole::Follower,
+        }
+    }
+
     /// The limiter; a panic while it was held leaves consistent data (each call
     /// finishes its bookkeeping before returning), so a poisoned lock is taken over.
     pub fn limiter(&self) -> MutexGuard<'_, Limiter> {
@@ -97,6 +212,7 @@ impl AppState {
 
     /// Sweeps the limiter and publishes its gauges.
     pub fn sweep(&self, now: Millis) {
+        self.publish_budget();
         let usage = self.limiter().sweep(now);
         self.metrics.buckets.set(usage.buckets as i64);
         self.metrics
@@ -110,6 +226,50 @@ impl AppState {
                 .with_label_values(&[&*rule.name])
                 .set(used as i64);
         }
+    }
+}
+
+struct Budget {
+    enabled: bool,
+    max_replicas: u32,
+    lease: Duration,
+    /// When the replica Leases were last renewed and listed, and how many were live.
+    contact: Option<(Instant, u32)>,
+    history: ShareHistory,
+    origin: Instant,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget {
+            enabled: false,
+            max_replicas: 3,
+            lease: Duration::from_secs(10),
+            contact: None,
+            history: ShareHistory::default(),
+            origin: Instant::now(),
+        }
+    }
+}
+
+struct Scaled {
+    source: Arc<Policy>,
+    share: Share,
+    role: GateRole,
+    policy: Arc<Policy>,
+}
+
+enum ReleaserRole {
+    Off,
+    Starting,
+    Running(Leadership),
+}
+
+/// Small bookkeeping locks: a panic cannot leave them half-written, so take poisoned ones over.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
