@@ -651,3 +651,214 @@ async fn client_certificates_are_required_when_a_client_ca_is_set() {
     assert_eq!(response.status().as_u16(), 200);
     h.stop().await;
 }
+
+/// A fixture with `edit` applied to its JSON.
+fn edited(name: &str, edit: impl FnOnce(&mut Value)) -> String {
+    let mut review: Value = serde_json::from_str(&fixture(name)).unwrap_or(Value::Null);
+    edit(&mut review);
+    review.to_string()
+}
+
+async fn answer(h: &Harness, path: &str, body: String) -> Value {
+    let (status, text) = h.post(path, "application/json", body).await;
+    assert_eq!(status, 200, "{text}");
+    let review: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    review["response"].clone()
+}
+
+async fn wait_metric(h: &Harness, series: &str, want: f64) -> f64 {
+    let mut got = 0.0;
+    for _ in 0..100 {
+        got = h.metric(series).await;
+        if got == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    got
+}
+
+#[tokio::test]
+async fn objects_of_unexpected_versions_are_paced_by_group_and_resource() {
+    let mut h = Harness::start().await;
+    // A pods DELETE whose kind and resource say v2: still a pod deletion, allowed and
+    // charged to the deletes rule (1 per 2 s, hold 3 s).
+    let v2 = edited("pod-delete-running", |r| {
+        r["request"]["kind"]["version"] = json!("v2");
+        r["request"]["resource"]["version"] = json!("v2");
+        r["request"]["requestKind"] = json!({"group": "", "version": "v2", "kind": "Pod"});
+        r["request"]["oldObject"]["apiVersion"] = json!("v2");
+    });
+    let response = answer(&h, "/validate", v2).await;
+    assert_eq!(response["allowed"], json!(true), "{response}");
+    assert_eq!(response["uid"], json!(uid_of("pod-delete-running")));
+    assert_eq!(
+        h.metric("churn_throttler_decisions_total{action=\"allow\",operation=\"DELETE\",rule=\"deletes\"}")
+            .await,
+        1.0,
+        "the v2 pod deletion was counted"
+    );
+    // An apps/v1beta1 StatefulSet lowering its partition: charged to partition-steps
+    // (1 per minute, deny); the second, of another StatefulSet, is refused by the same limit.
+    let v1beta1 = |uid: &str| {
+        let uid = uid.to_string();
+        edited("statefulset-partition-lower", move |r| {
+            for key in ["kind", "requestKind"] {
+                r["request"][key] =
+                    json!({"group": "apps", "version": "v1beta1", "kind": "StatefulSet"});
+            }
+            r["request"]["resource"] =
+                json!({"group": "apps", "version": "v1beta1", "resource": "statefulsets"});
+            for object in ["object", "oldObject"] {
+                r["request"][object]["apiVersion"] = json!("apps/v1beta1");
+                r["request"][object]["metadata"]["uid"] = json!(uid);
+            }
+        })
+    };
+    let first = answer(&h, "/validate", v1beta1("sts-one")).await;
+    assert_eq!(first["allowed"], json!(true), "{first}");
+    let second = answer(&h, "/validate", v1beta1("sts-two")).await;
+    assert_eq!(second["allowed"], json!(false), "{second}");
+    assert_eq!(second["status"]["code"], json!(429));
+    assert_eq!(
+        h.metric("churn_throttler_decisions_total{action=\"allow\",operation=\"UPDATE\",rule=\"partition-steps\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("churn_throttler_decisions_total{action=\"deny\",operation=\"UPDATE\",rule=\"partition-steps\"}")
+            .await,
+        1.0
+    );
+    // "pods" of another API group and a kind nobody paces: allowed, counted as unhandled.
+    let foreign = edited("pod-delete-running", |r| {
+        r["request"]["kind"] = json!({"group": "example.com", "version": "v1", "kind": "Pod"});
+        r["request"]["resource"] =
+            json!({"group": "example.com", "version": "v1", "resource": "pods"});
+    });
+    assert_eq!(
+        answer(&h, "/validate", foreign).await["allowed"],
+        json!(true)
+    );
+    let cronjob = edited("configmap-create", |r| {
+        r["request"]["kind"] = json!({"group": "batch", "version": "v1", "kind": "CronJob"});
+        r["request"]["resource"] =
+            json!({"group": "batch", "version": "v1", "resource": "cronjobs"});
+    });
+    assert_eq!(answer(&h, "/mutate", cronjob).await["allowed"], json!(true));
+    assert_eq!(
+        h.metric("churn_throttler_unhandled_requests_total{reason=\"kind-or-subresource\"}")
+            .await,
+        2.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_panic_while_the_limiter_was_held_does_not_stop_decisions() {
+    let mut h = Harness::start().await;
+    let state = h
+        .running
+        .as_ref()
+        .map(|r| r.state.clone())
+        .unwrap_or_else(|| panic!("running"));
+    let poisoned = std::thread::spawn(move || {
+        let _limiter = state.limiter();
+        panic!("a bug while deciding");
+    })
+    .join();
+    assert!(poisoned.is_err(), "the thread panicked holding the lock");
+    assert_eq!(
+        h.review("/validate", "pod-eviction").await["allowed"],
+        json!(true)
+    );
+    assert_eq!(
+        h.review("/validate", "pod-create-statefulset").await["allowed"],
+        json!(true),
+        "and the next"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn admissions_and_reservations_survive_a_bad_policy_reload() {
+    let mut h = Harness::start().await;
+    let eviction = |name: &str| {
+        let name = name.to_string();
+        edited("pod-eviction", move |r| {
+            r["request"]["name"] = json!(name);
+            r["request"]["uid"] = json!(format!("uid-{name}"));
+        })
+    };
+    let retry_after = |response: &Value| {
+        response["status"]["details"]["retryAfterSeconds"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // evictions: 1 per minute, retry-after. A is admitted, B gets a reserved slot.
+    assert_eq!(
+        answer(&h, "/validate", eviction("a")).await["allowed"],
+        json!(true)
+    );
+    let b = answer(&h, "/validate", eviction("b")).await;
+    assert_eq!(b["allowed"], json!(false), "{b}");
+    let b_wait = retry_after(&b);
+    assert!((58..=60).contains(&b_wait), "{b}");
+    assert_eq!(
+        wait_metric(&h, "churn_throttler_reservations_open", 1.0).await,
+        1.0
+    );
+
+    // A broken policy file: refused, and nothing of the limiter is lost.
+    std::fs::write(h.dir.path().join("policy.yaml"), "rules:\n  - name: [\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_reloads_total{kind=\"policy\",result=\"error\"}",
+            1.0
+        )
+        .await,
+        1.0
+    );
+    let c = answer(&h, "/validate", eviction("c")).await;
+    assert_eq!(
+        c["allowed"],
+        json!(false),
+        "A's admission still fills the window: {c}"
+    );
+    let b_again = answer(&h, "/validate", eviction("b")).await;
+    assert_eq!(b_again["allowed"], json!(false));
+    let b_wait_again = retry_after(&b_again);
+    assert!(
+        b_wait_again <= b_wait && b_wait_again + 10 >= b_wait,
+        "B keeps its slot: {b_wait} s, then {b_wait_again} s"
+    );
+    // C is refused without a slot: namespace shop already holds its fair share of future
+    // slots (maxReservedPerNamespace defaults to events, 1). B's retry takes no second one.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        h.metric("churn_throttler_reservations_open").await,
+        1.0,
+        "B's slot, and only B's"
+    );
+
+    // A good file that keeps the rule: the same state carries over.
+    let more = format!("{POLICY}\n# edited\n");
+    std::fs::write(h.dir.path().join("policy.yaml"), more).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_reloads_total{kind=\"policy\",result=\"success\"}",
+            1.0
+        )
+        .await,
+        1.0
+    );
+    let b_last = answer(&h, "/validate", eviction("b")).await;
+    assert_eq!(b_last["allowed"], json!(false));
+    assert!(retry_after(&b_last) <= b_wait_again, "{b_last}");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(h.metric("churn_throttler_reservations_open").await, 1.0);
+    h.stop().await;
+}

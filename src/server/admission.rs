@@ -69,23 +69,7 @@ async fn handle(
     };
     let deadline = state.policy().server_deadline();
     let response =
-        match tokio::time::timeout(deadline, review(&state, endpoint, &headers, &body)).await {
-            Ok(response) => response,
-            Err(_) => {
-                state
-                    .metrics
-                    .bad_requests
-                    .with_label_values(&["deadline"])
-                    .inc();
-                error_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                    "churn-throttler: no decision within {}ms; the webhook's failurePolicy applies",
-                    deadline.as_millis()
-                ),
-                )
-            }
-        };
+        within_deadline(&state, deadline, review(&state, endpoint, &headers, &body)).await;
     state
         .metrics
         .admission_duration
@@ -97,6 +81,33 @@ async fn handle(
         .with_label_values(&[endpoint.as_str(), response.status().as_str()])
         .inc();
     response
+}
+
+/// The server-side deadline (a second inside the webhook's timeoutSeconds): a decision
+/// that takes longer is answered 503, so the API server applies the failurePolicy now
+/// rather than after its own timeout.
+async fn within_deadline(
+    state: &AppState,
+    deadline: Duration,
+    decision: impl std::future::Future<Output = Response>,
+) -> Response {
+    match tokio::time::timeout(deadline, decision).await {
+        Ok(response) => response,
+        Err(_) => {
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&["deadline"])
+                .inc();
+            error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "churn-throttler: no decision within {}ms; the webhook's failurePolicy applies",
+                    deadline.as_millis()
+                ),
+            )
+        }
+    }
 }
 
 async fn review(
@@ -237,5 +248,51 @@ impl<'a> HeldGuard<'a> {
 impl Drop for HeldGuard<'_> {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::policy::Policy;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decision_past_the_deadline_gets_503_and_is_counted() {
+        let state = AppState::new(Policy::builtin(), Arc::new(Metrics::new()), 1024);
+        let deadline = state.policy().server_deadline();
+        assert_eq!(deadline, Duration::from_secs(9), "timeoutSeconds 10 - 1 s");
+        let started = tokio::time::Instant::now();
+        let slow = async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            (StatusCode::OK, "late").into_response()
+        };
+        let response = within_deadline(&state, deadline, slow).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            started.elapsed(),
+            deadline,
+            "answered at the deadline, not later"
+        );
+        let body = axum::body::to_bytes(response.into_body(), 4096)
+            .await
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("no decision within 9000ms") && text.contains("failurePolicy"),
+            "{text}"
+        );
+        assert_eq!(
+            state
+                .metrics
+                .bad_requests
+                .with_label_values(&["deadline"])
+                .get(),
+            1
+        );
+        // A decision inside the deadline passes through untouched.
+        let quick = async { (StatusCode::OK, "on time").into_response() };
+        let response = within_deadline(&state, deadline, quick).await;
+        assert_eq!(response.status(), StatusCode::OK);
     }
 }

@@ -28,12 +28,21 @@ use tower_http::catch_panic::CatchPanicLayer;
 /// The admission router (served over TLS only).
 pub fn admission_router(state: Arc<AppState>) -> Router {
     let limit = state.max_body_bytes;
-    Router::new()
-        .route("/validate", post(admission::validate))
-        .route("/mutate", post(admission::mutate))
-        .layer(DefaultBodyLimit::max(limit))
+    guarded(
+        Router::new()
+            .route("/validate", post(admission::validate))
+            .route("/mutate", post(admission::mutate)),
+        limit,
+    )
+    .with_state(state)
+}
+
+/// The guards around the admission routes: the body limit (413) and panics caught and
+/// answered 500, so a bug in one decision never takes the connection or the server down.
+fn guarded<S: Clone + Send + Sync + 'static>(router: Router<S>, max_body: usize) -> Router<S> {
+    router
+        .layer(DefaultBodyLimit::max(max_body))
         .layer(CatchPanicLayer::custom(panic_response))
-        .with_state(state)
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
@@ -165,4 +174,55 @@ pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for {what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panic_in_a_handler_is_answered_500_and_the_router_keeps_serving() {
+        let router = guarded(
+            Router::new()
+                .route(
+                    "/boom",
+                    post(|| async {
+                        if std::hint::black_box(true) {
+                            panic!("a bug in a decision");
+                        }
+                        "unreachable"
+                    }),
+                )
+                .route("/fine", post(|| async { "fine" })),
+            1024,
+        );
+        let call = |path: &'static str| {
+            let router = router.clone();
+            async move {
+                let response = router
+                    .oneshot(
+                        Request::post(path)
+                            .body(Body::from("{}"))
+                            .unwrap_or_else(|e| panic!("{e}")),
+                    )
+                    .await
+                    .unwrap_or_else(|e| match e {});
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), 4096)
+                    .await
+                    .unwrap_or_default();
+                (status, String::from_utf8_lossy(&body).to_string())
+            }
+        };
+        let (status, body) = call("/boom").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            body.contains("internal error") && body.contains("failurePolicy"),
+            "{body}"
+        );
+        assert_eq!(call("/fine").await, (StatusCode::OK, "fine".to_string()));
+    }
 }
