@@ -7,9 +7,11 @@
 //!   cargo run --example review_load -- --ca CA.crt --target https://127.0.0.1:8443/validate=8 \
 //!       --fixture tests/fixtures/pod-eviction.json --rate 100 --seconds 60 --out events.csv
 //!
-//! CSV columns: send_ms,recv_ms,target,status,allowed,code (wall-clock Unix ms; status is
-//! the HTTP status or 0 for a transport error; allowed is 1/0, empty when not decoded;
-//! code is response.status.code, e.g. 429). The summary goes to stderr.
+//! CSV columns: send_ms,recv_ms,target,status,allowed,code,patched (wall-clock Unix ms;
+//! status is the HTTP status or 0 for a transport error; allowed is 1/0, empty when not
+//! decoded; code is response.status.code, e.g. 429; patched is 1 when the answer carries a
+//! patch, e.g. a scheduling gate). The summary goes to stderr; the exit code is 2 when a
+//! request failed or was dropped.
 
 use clap::Parser;
 use serde_json::{json, Value};
@@ -55,6 +57,7 @@ struct Record {
     status: u16,
     allowed: Option<bool>,
     code: Option<i64>,
+    patched: bool,
 }
 
 fn unix_ms() -> u128 {
@@ -74,7 +77,14 @@ fn distinct(template: &Value, prefix: &str, n: u64) -> Value {
         review["request"]["name"] = json!(name);
     }
     for field in ["object", "oldObject"] {
-        let meta = &mut review["request"][field]["metadata"];
+        // get_mut, not indexing: indexing a missing key would add it as null.
+        let Some(meta) = review
+            .get_mut("request")
+            .and_then(|r| r.get_mut(field))
+            .and_then(|o| o.get_mut("metadata"))
+        else {
+            continue;
+        };
         if meta.is_object() {
             if meta.get("name").is_some() {
                 meta["name"] = json!(name);
@@ -151,14 +161,19 @@ async fn main() -> anyhow::Result<()> {
                 .body(body)
                 .send()
                 .await;
-            let (status, allowed, code) = match sent {
+            let (status, allowed, code, patched) = match sent {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let value: Value = response.json().await.unwrap_or(Value::Null);
                     let r = &value["response"];
-                    (status, r["allowed"].as_bool(), r["status"]["code"].as_i64())
+                    (
+                        status,
+                        r["allowed"].as_bool(),
+                        r["status"]["code"].as_i64(),
+                        r.get("patch").is_some(),
+                    )
                 }
-                Err(_) => (0, None, None),
+                Err(_) => (0, None, None, false),
             };
             let record = Record {
                 send_ms,
@@ -167,6 +182,7 @@ async fn main() -> anyhow::Result<()> {
                 status,
                 allowed,
                 code,
+                patched,
             };
             records.lock().await.push(record);
             drop(permit);
@@ -179,14 +195,20 @@ async fn main() -> anyhow::Result<()> {
     let records = records.lock().await;
     if let Some(path) = &args.out {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(out, "send_ms,recv_ms,target,status,allowed,code")?;
+        writeln!(out, "send_ms,recv_ms,target,status,allowed,code,patched")?;
         for r in records.iter() {
             let allowed = r.allowed.map(|a| if a { "1" } else { "0" }).unwrap_or("");
             let code = r.code.map(|c| c.to_string()).unwrap_or_default();
             writeln!(
                 out,
-                "{},{},{},{},{},{}",
-                r.send_ms, r.recv_ms, r.target, r.status, allowed, code
+                "{},{},{},{},{},{},{}",
+                r.send_ms,
+                r.recv_ms,
+                r.target,
+                r.status,
+                allowed,
+                code,
+                u8::from(r.patched)
             )?;
         }
     }
