@@ -20,6 +20,13 @@ pub const PARTITION_TARGET_ANNOTATION: &str = "churn-throttler.io/partition-targ
 /// Annotation holding the partition churn-throttler set; an update that writes the same
 /// value into both is a release step, not a writer moving the target.
 pub const PARTITION_HELD_ANNOTATION: &str = "churn-throttler.io/partition-held";
+/// Annotation naming the rule that holds a StatefulSet's partition, for the releaser.
+pub const PACED_BY_ANNOTATION: &str = "churn-throttler.io/paced-by";
+/// Annotation with the time a paced rollout was first held (RFC 3339, milliseconds).
+pub const PARTITION_HELD_SINCE_ANNOTATION: &str = "churn-throttler.io/partition-held-since";
+/// Annotation with the times of the releaser's recent steps (comma-separated RFC 3339):
+/// the record window seeding rebuilds the windows from after a restart.
+pub const PARTITION_STEPPED_AT_ANNOTATION: &str = "churn-throttler.io/partition-stepped-at";
 
 /// Why a request is allowed without consulting the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +70,10 @@ pub struct StatefulSetChange {
     pub old_target: Option<u32>,
     pub new_target_annotation: Option<String>,
     pub new_held_annotation: Option<u32>,
+    /// The paced-by annotation of the new object.
+    pub new_paced_by: Option<String>,
+    /// Whether the new object carries the held-since annotation.
+    pub has_held_since: bool,
     pub has_annotations: bool,
     pub update_pending: bool,
 }
@@ -282,6 +293,8 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
         new_target_annotation: annotation(new),
         new_held_annotation: annotation_of(new, PARTITION_HELD_ANNOTATION)
             .and_then(|v| v.parse().ok()),
+        new_paced_by: annotation_of(new, PACED_BY_ANNOTATION),
+        has_held_since: annotation_of(new, PARTITION_HELD_SINCE_ANNOTATION).is_some(),
         has_annotations: new.metadata.annotations.is_some(),
         update_pending,
     };

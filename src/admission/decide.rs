@@ -3,7 +3,8 @@
 
 use super::classify::{
     classify, ChurnRequest, Classified, PassReason, StatefulSetChange, GATED_BY_ANNOTATION,
-    GATED_LABEL, GATE_NAME, PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+    GATED_LABEL, GATE_NAME, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,
+    PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
 use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
@@ -141,7 +142,7 @@ pub fn decide_churn(
     };
 
     if rule.action == Action::Partition {
-        return match partition_verdict(churn) {
+        return match partition_verdict(churn, &rule.name, now) {
             Some(verdict) => {
                 let message = match &verdict {
                     Verdict::HoldPartition { target, held, .. } => Some(format!(
@@ -391,7 +392,7 @@ fn add(path: &str, value: Value) -> PatchOperation {
 }
 
 /// The partition action on a StatefulSet UPDATE: None when pacing does not apply.
-fn partition_verdict(churn: &ChurnRequest) -> Option<Verdict> {
+fn partition_verdict(churn: &ChurnRequest, rule: &str, now: Millis) -> Option<Verdict> {
     let change = churn.statefulset.as_ref()?;
     if !change.rolling_update {
         return None;
@@ -399,12 +400,14 @@ fn partition_verdict(churn: &ChurnRequest) -> Option<Verdict> {
     let plan = plan_partition(change)?;
     let unchanged = change.written_partition == Some(plan.held)
         && change.new_held_annotation == Some(plan.held)
-        && change.new_target_annotation == Some(plan.target.to_string());
+        && change.new_target_annotation == Some(plan.target.to_string())
+        && change.new_paced_by.as_deref() == Some(rule)
+        && change.has_held_since;
     if unchanged {
         return None;
     }
     Some(Verdict::HoldPartition {
-        patch: partition_patch(change, plan.held, plan.target),
+        patch: partition_patch(change, plan.held, plan.target, rule, now),
         target: plan.target,
         held: plan.held,
     })
@@ -453,7 +456,16 @@ pub fn plan_partition(c: &StatefulSetChange) -> Option<PartitionPlan> {
     })
 }
 
-fn partition_patch(c: &StatefulSetChange, held: u32, target: u32) -> Patch {
+/// Holds the partition and records, for the releaser and for people reading the object,
+/// the asked-for target, the held value, the rule that paces it and since when (a hold
+/// already in progress keeps its start).
+fn partition_patch(
+    c: &StatefulSetChange,
+    held: u32,
+    target: u32,
+    rule: &str,
+    now: Millis,
+) -> Patch {
     let mut ops = Vec::new();
     if c.has_rolling_update_block {
         ops.push(add(
@@ -479,5 +491,19 @@ fn partition_patch(c: &StatefulSetChange, held: u32, target: u32) -> Patch {
         PARTITION_HELD_ANNOTATION,
         &held.to_string(),
     ));
+    ops.extend(map_entry_ops(
+        "annotations",
+        true,
+        PACED_BY_ANNOTATION,
+        rule,
+    ));
+    if !c.has_held_since {
+        ops.extend(map_entry_ops(
+            "annotations",
+            true,
+            PARTITION_HELD_SINCE_ANNOTATION,
+            &crate::releaser::pods::format_time(now),
+        ));
+    }
     Patch(ops)
 }

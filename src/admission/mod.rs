@@ -7,7 +7,8 @@ pub mod respond;
 
 pub use classify::{
     classify, ChurnRequest, Classified, PassReason, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME,
-    PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+    PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
+    PARTITION_STEPPED_AT_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
 pub use decide::{decide, plan_partition, Decision, Endpoint, PartitionPlan, Verdict};
 pub use respond::respond;

@@ -319,6 +319,8 @@ fn change(
         old_target: None,
         new_target_annotation: None,
         new_held_annotation: None,
+        new_paced_by: None,
+        has_held_since: false,
         has_annotations: true,
         update_pending: true,
     }
@@ -462,4 +464,145 @@ fn partition_patch_applies_to_the_statefulset() {
         sts["metadata"]["annotations"]["churn-throttler.io/partition-held"],
         json!("3")
     );
+    assert_eq!(
+        sts["metadata"]["annotations"]["churn-throttler.io/paced-by"],
+        json!("sts-rollouts")
+    );
+    assert_eq!(
+        sts["metadata"]["annotations"]["churn-throttler.io/partition-held-since"],
+        json!("1970-01-01T00:00:00.000Z")
+    );
+}
+
+/// Runs /mutate on `req`, applies the patch (if any) to its object, returns the result.
+fn mutated(req: &AdmissionRequest<DynamicObject>, now: u64) -> (&'static str, Value) {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let decision = decide(req, Endpoint::Mutate, &policy, &mut limiter, now);
+    let mut sts = serde_json::to_value(req.object.clone()).unwrap_or(Value::Null);
+    if let Verdict::HoldPartition { patch, .. } = &decision.verdict {
+        json_patch::patch(&mut sts, patch).unwrap_or_else(|e| panic!("{e}"));
+    }
+    (decision.verdict.label(), sts)
+}
+
+/// The held object of the template-change fixture, as the API server stores it, as the
+/// old object of a next request whose new object the closure edits.
+fn next_request(edit: impl Fn(&mut Value)) -> AdmissionRequest<DynamicObject> {
+    let first = fixture("statefulset-template-change");
+    let (_, held) = mutated(&first, 5_000);
+    let mut req = first;
+    let mut new = held.clone();
+    edit(&mut new);
+    req.old_object = Some(serde_json::from_value(held).unwrap_or_else(|e| panic!("{e}")));
+    req.object = Some(serde_json::from_value(new).unwrap_or_else(|e| panic!("{e}")));
+    req
+}
+
+#[test]
+fn table_of_updates_to_a_held_statefulset() {
+    let annotation = |sts: &Value, key: &str| sts["metadata"]["annotations"][key].clone();
+    // (case, edit of the new object, expected action, partition, target, held-since)
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let cases: Vec<(&str, Edit, &str, u64, &str, &str)> = vec![
+        (
+            "a re-apply that round-trips everything is allowed as it is",
+            Box::new(|_| {}),
+            "pass",
+            3,
+            "0",
+            "1970-01-01T00:00:05.000Z",
+        ),
+        (
+            "the releaser's step (partition and held together) passes",
+            Box::new(|s| {
+                s["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(2);
+                s["metadata"]["annotations"]["churn-throttler.io/partition-held"] = json!("2");
+            }),
+            "pass",
+            2,
+            "0",
+            "1970-01-01T00:00:05.000Z",
+        ),
+        (
+            "a second template change holds again and keeps the start of the hold",
+            Box::new(|s| {
+                s["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
+                s["spec"]["template"]["metadata"]["labels"]["rev"] = json!("3");
+            }),
+            "partition",
+            3,
+            "0",
+            "1970-01-01T00:00:05.000Z",
+        ),
+        (
+            "a writer that drops every annotation is held again from now",
+            Box::new(|s| {
+                s["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
+                s["metadata"]["annotations"] = json!({});
+            }),
+            "partition",
+            3,
+            "0",
+            "1970-01-01T00:00:09.000Z",
+        ),
+    ];
+    for (case, edit, action, partition, target, since) in cases {
+        let req = next_request(edit);
+        let (label, sts) = mutated(&req, 9_000);
+        assert_eq!(label, action, "{case}");
+        assert_eq!(
+            sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+            json!(partition),
+            "{case}"
+        );
+        assert_eq!(
+            annotation(&sts, "churn-throttler.io/partition-target"),
+            json!(target),
+            "{case}"
+        );
+        assert_eq!(
+            annotation(&sts, "churn-throttler.io/paced-by"),
+            json!("sts-rollouts"),
+            "{case}"
+        );
+        assert_eq!(
+            annotation(&sts, "churn-throttler.io/partition-held-since"),
+            json!(since),
+            "{case}"
+        );
+    }
+}
+
+#[test]
+fn the_releasers_final_patch_passes_once_the_target_is_reached() {
+    // Partition at the target (0): removing the hold's annotations is not a new hold.
+    let req = next_request(|s| {
+        s["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
+        s["metadata"]["annotations"]["churn-throttler.io/partition-held"] = json!("0");
+    });
+    let (_, at_target) = mutated(&req, 9_000);
+    let mut req = req;
+    let mut done = at_target.clone();
+    for key in [
+        "churn-throttler.io/partition-target",
+        "churn-throttler.io/partition-held",
+        "churn-throttler.io/partition-held-since",
+    ] {
+        done["metadata"]["annotations"]
+            .as_object_mut()
+            .map(|a| a.remove(key));
+    }
+    req.old_object = Some(serde_json::from_value(at_target).unwrap_or_else(|e| panic!("{e}")));
+    req.object = Some(serde_json::from_value(done).unwrap_or_else(|e| panic!("{e}")));
+    assert_eq!(mutated(&req, 10_000).0, "pass");
+
+    // Letting go above the target (someone else raised the partition): the releaser
+    // writes the held annotation equal to the partition in the same patch, so it passes.
+    let req = next_request(|s| {
+        s["metadata"]["annotations"]
+            .as_object_mut()
+            .map(|a| a.remove("churn-throttler.io/partition-target"));
+    });
+    assert_eq!(mutated(&req, 10_000).0, "pass");
 }

@@ -346,6 +346,8 @@ pub fn statefulset_update_request(u: &StsUpdate<'_>) -> ChurnRequest {
         old_target: u.old_target,
         new_target_annotation: u.new_target.map(|t| t.to_string()),
         new_held_annotation: u.new_held,
+        new_paced_by: None,
+        has_held_since: false,
         has_annotations,
         update_pending: u.update_pending,
     });
