@@ -8,8 +8,10 @@
 
 pub mod controller;
 pub mod lease;
+pub mod partition_plan;
 pub mod plan;
 pub mod pods;
+pub mod statefulsets;
 
 pub use controller::{run, Config};
 pub use lease::LeaseConfig;

@@ -1,0 +1,560 @@
+//! What the partition releaser reads from a StatefulSet (and from the pod its last step
+//! released) and the JSON patches it writes back. Pure: objects in, plan inputs or a patch out.
+
+use super::partition_plan::{HeldSet, Record, Released};
+use super::pods::{format_time, parse_time};
+use crate::admission::{
+    PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
+    PARTITION_STEPPED_AT_ANNOTATION, PARTITION_TARGET_ANNOTATION,
+};
+use crate::limiter::Millis;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
+use jsonptr::PointerBuf;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The label the StatefulSet controller puts on each pod: the revision it was made from.
+pub const REVISION_LABEL: &str = "controller-revision-hash";
+
+const PARTITION_PATH: &str = "/spec/updateStrategy/rollingUpdate/partition";
+
+/// The annotations of a hold, dropped when it ends.
+const HOLD_KEYS: [&str; 3] = [
+    PARTITION_TARGET_ANNOTATION,
+    PARTITION_HELD_ANNOTATION,
+    PARTITION_HELD_SINCE_ANNOTATION,
+];
+/// The record kept after a hold until its steps leave every window.
+const RECORD_KEYS: [&str; 2] = [PACED_BY_ANNOTATION, PARTITION_STEPPED_AT_ANNOTATION];
+
+/// How the releaser sees one StatefulSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum View {
+    Held(HeldSet),
+    Record(Record),
+    Ignored,
+}
+
+fn count(v: Option<i32>) -> u32 {
+    v.unwrap_or(0).max(0) as u32
+}
+
+pub fn view(sts: &StatefulSet) -> View {
+    let meta = &sts.metadata;
+    let empty = BTreeMap::new();
+    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
+    let get = |key: &str| annotations.get(key).map(String::as_str);
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+    let uid = meta.uid.clone().unwrap_or_default();
+    let rule = get(PACED_BY_ANNOTATION).unwrap_or_default().to_string();
+    let stepped_at = get(PARTITION_STEPPED_AT_ANNOTATION)
+        .map(parse_times)
+        .unwrap_or_default();
+    let Some(target) = get(PARTITION_TARGET_ANNOTATION) else {
+        let ours = HOLD_KEYS
+            .iter()
+            .chain(RECORD_KEYS.iter())
+            .any(|k| get(k).is_some());
+        return if ours {
+            View::Record(Record {
+                namespace,
+                name,
+                uid,
+                rule,
+                stepped_at,
+            })
+        } else {
+            View::Ignored
+        };
+    };
+    let spec = sts.spec.as_ref();
+    let strategy = spec.and_then(|s| s.update_strategy.as_ref());
+    let rolling_update = strategy
+        .and_then(|s| s.type_.as_deref())
+        .is_none_or(|t| t == "RollingUpdate");
+    let replicas = spec.map_or(1, |s| s.replicas.unwrap_or(1).max(0) as u32);
+    let partition = count(
+        strategy
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.partition),
+    );
+    let status = sts.status.as_ref();
+    let observed = status.and_then(|s| s.observed_generation).unwrap_or(0);
+    let nothing_to_roll = status.is_some_and(|s| {
+        observed >= meta.generation.unwrap_or(0)
+            && s.update_revision.is_some()
+            && count(s.updated_replicas) >= replicas
+            && count(Some(s.replicas)) == replicas
+    });
+    View::Held(HeldSet {
+        namespace,
+        name,
+        uid,
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        rule,
+        rolling_update,
+        replicas,
+        partition,
+        target: target.trim().parse().ok(),
+        held: get(PARTITION_HELD_ANNOTATION).and_then(|v| v.trim().parse().ok()),
+        stepped_at,
+        held_since: get(PARTITION_HELD_SINCE_ANNOTATION).and_then(parse_time),
+        released: if partition < replicas {
+            Released::Pending
+        } else {
+            Released::None
+        },
+        nothing_to_roll,
+        backoff: false,
+    })
+}
+
+/// The name of the pod at the set's partition: the one its last step released.
+pub fn released_pod_name(sts: &StatefulSet, partition: u32) -> String {
+    let start = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.ordinals.as_ref())
+        .and_then(|o| o.start)
+        .unwrap_or(0)
+        .max(0) as u64;
+    format!(
+        "{}-{}",
+        sts.metadata.name.as_deref().unwrap_or_default(),
+        start + u64::from(partition)
+    )
+}
+
+/// The revision pods must have to count as updated, once the controller has seen the spec.
+pub fn update_revision(sts: &StatefulSet) -> Option<&str> {
+    let status = sts.status.as_ref()?;
+    if status.observed_generation.unwrap_or(0) < sts.metadata.generation.unwrap_or(0) {
+        return None;
+    }
+    status.update_revision.as_deref()
+}
+
+/// The released pod is done: made from the update revision, not being deleted, Ready.
+pub fn pod_settled(pod: &Pod, update_revision: &str) -> bool {
+    let updated = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REVISION_LABEL))
+        .is_some_and(|r| r == update_revision);
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    updated && ready && pod.metadata.deletion_timestamp.is_none()
+}
+
+pub fn parse_times(text: &str) -> Vec<Millis> {
+    let mut times: Vec<Millis> = text.split(',').filter_map(parse_time).collect();
+    times.sort_unstable();
+    times
+}
+
+pub fn format_times(times: &[Millis]) -> String {
+    times
+        .iter()
+        .map(|&t| format_time(t))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+fn pointer(path: &str) -> PointerBuf {
+    PointerBuf::parse(path).unwrap_or_default()
+}
+
+fn annotation_path(key: &str) -> String {
+    format!("/metadata/annotations/{}", escape(key))
+}
+
+fn test_version(resource_version: &str) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: pointer("/metadata/resourceVersion"),
+        value: json!(resource_version),
+    })
+}
+
+fn add(path: &str, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: pointer(path),
+        value,
+    })
+}
+
+/// Removes those of `keys` the object has (removing a missing member fails a patch).
+fn remove_present<'a>(
+    annotations: &BTreeMap<String, String>,
+    keys: impl IntoIterator<Item = &'a str>,
+) -> Vec<PatchOperation> {
+    keys.into_iter()
+        .filter(|k| annotations.contains_key(*k))
+        .map(|k| {
+            PatchOperation::Remove(RemoveOperation {
+                path: pointer(&annotation_path(k)),
+            })
+        })
+        .collect()
+}
+
+/// One step: the partition and `partition-held` go to `to` together, which the
+/// webhook recognises as the releaser's step. A step at the rate also records its time.
+/// The test op makes the API server refuse the patch (HTTP 422) when the set changed
+/// since it was read: a conflict is retried on a later round, never overwritten.
+pub fn step_patch(resource_version: &str, to: u32, stepped_at: Option<&[Millis]>) -> Patch {
+    let mut ops = vec![
+        test_version(resource_version),
+        add(PARTITION_PATH, json!(to)),
+        add(
+            &annotation_path(PARTITION_HELD_ANNOTATION),
+            json!(to.to_string()),
+        ),
+    ];
+    if let Some(times) = stepped_at {
+        ops.push(add(
+            &annotation_path(PARTITION_STEPPED_AT_ANNOTATION),
+            json!(format_times(times)),
+        ));
+    }
+    Patch(ops)
+}
+
+/// The end of a hold at its target: the webhook lets this through because the partition
+/// already is the target. `keep_record` keeps `paced-by` and the step times for seeding.
+pub fn finish_patch(
+    resource_version: &str,
+    annotations: &BTreeMap<String, String>,
+    keep_record: bool,
+) -> Patch {
+    let mut ops = vec![test_version(resource_version)];
+    ops.extend(remove_present(annotations, HOLD_KEYS));
+    if !keep_record {
+        ops.extend(remove_present(annotations, RECORD_KEYS));
+    }
+    Patch(ops)
+}
+
+/// Stops pacing and leaves the partition as it is. Setting `partition-held` to the
+/// partition in the same patch makes it a releaser step for the webhook, which would
+/// otherwise hold a partition above the target again; that annotation is cleaned up
+/// later with the rest of the record.
+pub fn let_go_patch(
+    resource_version: &str,
+    partition: u32,
+    annotations: &BTreeMap<String, String>,
+    keep_record: bool,
+) -> Patch {
+    let mut ops = vec![
+        test_version(resource_version),
+        add(
+            &annotation_path(PARTITION_HELD_ANNOTATION),
+            json!(partition.to_string()),
+        ),
+    ];
+    ops.extend(remove_present(
+        annotations,
+        [PARTITION_TARGET_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION],
+    ));
+    if !keep_record {
+        ops.extend(remove_present(annotations, RECORD_KEYS));
+    }
+    Patch(ops)
+}
+
+/// Drops what is left of a finished hold once its steps are out of every window.
+pub fn cleanup_patch(resource_version: &str, annotations: &BTreeMap<String, String>) -> Patch {
+    let mut ops = vec![test_version(resource_version)];
+    ops.extend(remove_present(
+        annotations,
+        HOLD_KEYS.into_iter().chain(RECORD_KEYS),
+    ));
+    Patch(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sts(annotations: Value, spec_extra: Value, status: Value) -> StatefulSet {
+        let mut spec = json!({
+            "replicas": 3,
+            "selector": { "matchLabels": { "app": "db" } },
+            "template": { "metadata": { "labels": { "app": "db" } }, "spec": { "containers": [{ "name": "c" }] } },
+            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "partition": 2 } }
+        });
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), spec_extra.as_object()) {
+            for (k, v) in extra {
+                spec.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "shop", "name": "db", "uid": "u1", "resourceVersion": "42",
+                "generation": 7, "annotations": annotations
+            },
+            "spec": spec,
+            "status": status
+        }))
+        .expect("statefulset json")
+    }
+
+    fn held_annotations() -> Value {
+        json!({
+            PARTITION_TARGET_ANNOTATION: "0",
+            PARTITION_HELD_ANNOTATION: "2",
+            PACED_BY_ANNOTATION: "rollouts",
+            PARTITION_HELD_SINCE_ANNOTATION: "2026-01-02T03:04:05.000Z",
+            PARTITION_STEPPED_AT_ANNOTATION: "2026-01-02T03:04:15.000Z,2026-01-02T03:04:10.500Z",
+            "other": "kept"
+        })
+    }
+
+    fn rolling_status(updated: i32) -> Value {
+        json!({
+            "replicas": 3, "observedGeneration": 7, "updatedReplicas": updated,
+            "readyReplicas": 3, "updateRevision": "db-new", "currentRevision": "db-old"
+        })
+    }
+
+    #[test]
+    fn table_of_views() {
+        let t0 = 1_767_323_045_000;
+        match view(&sts(held_annotations(), json!({}), rolling_status(1))) {
+            View::Held(h) => {
+                assert_eq!(
+                    (h.partition, h.target, h.held, h.replicas),
+                    (2, Some(0), Some(2), 3)
+                );
+                assert_eq!(h.rule, "rollouts");
+                assert_eq!(h.stepped_at, vec![t0 + 5_500, t0 + 10_000], "sorted");
+                assert_eq!(h.held_since, Some(t0));
+                assert_eq!(h.released, Released::Pending);
+                assert!(h.rolling_update && !h.nothing_to_roll && !h.backoff);
+                assert_eq!(h.resource_version, "42");
+            }
+            other => panic!("{other:?}"),
+        }
+        // (case, annotations, spec, status, what to expect)
+        type Check = fn(&View) -> bool;
+        let cases: Vec<(&str, Value, Value, Value, Check)> = vec![
+            (
+                "every pod at the update revision: nothing to roll",
+                held_annotations(),
+                json!({}),
+                rolling_status(3),
+                |v| matches!(v, View::Held(h) if h.nothing_to_roll),
+            ),
+            (
+                "status of an older generation proves nothing",
+                held_annotations(),
+                json!({}),
+                json!({ "replicas": 3, "observedGeneration": 6, "updatedReplicas": 3, "updateRevision": "r" }),
+                |v| matches!(v, View::Held(h) if !h.nothing_to_roll),
+            ),
+            (
+                "partition at replicas: nothing released yet",
+                held_annotations(),
+                json!({ "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "partition": 3 } } }),
+                rolling_status(0),
+                |v| matches!(v, View::Held(h) if h.released == Released::None),
+            ),
+            (
+                "OnDelete",
+                held_annotations(),
+                json!({ "updateStrategy": { "type": "OnDelete" } }),
+                json!({ "replicas": 3 }),
+                |v| matches!(v, View::Held(h) if !h.rolling_update && h.partition == 0),
+            ),
+            (
+                "only a record left",
+                json!({ PACED_BY_ANNOTATION: "rollouts", PARTITION_STEPPED_AT_ANNOTATION: "2026-01-02T03:04:15.000Z" }),
+                json!({}),
+                json!({ "replicas": 3 }),
+                |v| matches!(v, View::Record(r) if r.stepped_at.len() == 1 && r.rule == "rollouts"),
+            ),
+            (
+                "a held annotation left by letting go",
+                json!({ PARTITION_HELD_ANNOTATION: "2" }),
+                json!({}),
+                json!({ "replicas": 3 }),
+                |v| matches!(v, View::Record(r) if r.stepped_at.is_empty()),
+            ),
+            (
+                "not ours",
+                json!({ "other": "x" }),
+                json!({}),
+                json!({ "replicas": 3 }),
+                |v| *v == View::Ignored,
+            ),
+            (
+                "garbage target",
+                json!({ PARTITION_TARGET_ANNOTATION: "zero" }),
+                json!({}),
+                json!({ "replicas": 3 }),
+                |v| matches!(v, View::Held(h) if h.target.is_none() && h.held.is_none()),
+            ),
+        ];
+        for (case, annotations, spec, status, check) in cases {
+            let v = view(&sts(annotations, spec, status));
+            assert!(check(&v), "{case}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn released_pods_are_named_by_ordinal_and_judged_by_revision_and_readiness() {
+        let s = sts(held_annotations(), json!({}), rolling_status(1));
+        assert_eq!(released_pod_name(&s, 2), "db-2");
+        let s = sts(
+            held_annotations(),
+            json!({ "ordinals": { "start": 5 } }),
+            rolling_status(1),
+        );
+        assert_eq!(released_pod_name(&s, 2), "db-7");
+        assert_eq!(update_revision(&s), Some("db-new"));
+        let stale = sts(
+            held_annotations(),
+            json!({}),
+            json!({ "replicas": 3, "observedGeneration": 6, "updateRevision": "db-new" }),
+        );
+        assert_eq!(
+            update_revision(&stale),
+            None,
+            "controller has not seen the step"
+        );
+
+        let pod = |revision: &str, ready: &str, deleting: bool| -> Pod {
+            let mut p: Pod = serde_json::from_value(json!({
+                "metadata": { "name": "db-2", "labels": { REVISION_LABEL: revision } },
+                "status": { "conditions": [{ "type": "Ready", "status": ready }] }
+            }))
+            .expect("pod json");
+            if deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            p
+        };
+        // (case, pod, settled)
+        let cases = [
+            ("updated and Ready", pod("db-new", "True", false), true),
+            ("old revision, Ready", pod("db-old", "True", false), false),
+            ("updated, not Ready", pod("db-new", "False", false), false),
+            (
+                "updated, Ready, being deleted",
+                pod("db-new", "True", true),
+                false,
+            ),
+        ];
+        for (case, p, want) in cases {
+            assert_eq!(pod_settled(&p, "db-new"), want, "{case}");
+        }
+    }
+
+    fn apply(s: &StatefulSet, patch: &Patch) -> Result<Value, json_patch::PatchError> {
+        let mut doc = serde_json::to_value(s).expect("json");
+        json_patch::patch(&mut doc, patch)?;
+        Ok(doc)
+    }
+
+    fn annotations_of(s: &StatefulSet) -> BTreeMap<String, String> {
+        s.metadata.annotations.clone().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_step_moves_the_partition_and_the_held_annotation_together() {
+        let s = sts(held_annotations(), json!({}), rolling_status(1));
+        let doc = apply(&s, &step_patch("42", 1, Some(&[0, 1_500]))).expect("applies");
+        assert_eq!(
+            doc["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+            1
+        );
+        let a = &doc["metadata"]["annotations"];
+        assert_eq!(a[PARTITION_HELD_ANNOTATION], "1");
+        assert_eq!(
+            a[PARTITION_STEPPED_AT_ANNOTATION],
+            "1970-01-01T00:00:00.000Z,1970-01-01T00:00:01.500Z"
+        );
+        assert_eq!(a[PARTITION_TARGET_ANNOTATION], "0");
+        assert_eq!(a["other"], "kept");
+        assert!(
+            apply(&s, &step_patch("41", 1, None)).is_err(),
+            "stale resourceVersion"
+        );
+        let doc = apply(&s, &step_patch("42", 0, None)).expect("applies");
+        assert_eq!(
+            doc["metadata"]["annotations"][PARTITION_STEPPED_AT_ANNOTATION],
+            "2026-01-02T03:04:15.000Z,2026-01-02T03:04:10.500Z",
+            "an uncharged step leaves the record alone"
+        );
+    }
+
+    #[test]
+    fn finishing_letting_go_and_cleaning_up_remove_only_what_is_there() {
+        let s = sts(held_annotations(), json!({}), rolling_status(3));
+        let a = annotations_of(&s);
+        let keys = |doc: &Value| -> Vec<String> {
+            doc["metadata"]["annotations"]
+                .as_object()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        let doc = apply(&s, &finish_patch("42", &a, true)).expect("applies");
+        assert_eq!(
+            keys(&doc),
+            vec![
+                PACED_BY_ANNOTATION.to_string(),
+                PARTITION_STEPPED_AT_ANNOTATION.to_string(),
+                "other".to_string()
+            ]
+        );
+        let doc = apply(&s, &finish_patch("42", &a, false)).expect("applies");
+        assert_eq!(keys(&doc), vec!["other".to_string()]);
+        assert_eq!(
+            doc["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
+            2
+        );
+
+        let doc = apply(&s, &let_go_patch("42", 2, &a, false)).expect("applies");
+        assert_eq!(
+            keys(&doc),
+            vec![PARTITION_HELD_ANNOTATION.to_string(), "other".to_string()]
+        );
+        assert_eq!(
+            doc["metadata"]["annotations"][PARTITION_HELD_ANNOTATION],
+            "2"
+        );
+
+        let mut sparse = s.clone();
+        sparse.metadata.annotations = Some(BTreeMap::from([
+            (PARTITION_HELD_ANNOTATION.to_string(), "2".to_string()),
+            ("other".to_string(), "kept".to_string()),
+        ]));
+        let doc = apply(&sparse, &cleanup_patch("42", &annotations_of(&sparse))).expect("applies");
+        assert_eq!(keys(&doc), vec!["other".to_string()]);
+        assert!(apply(&sparse, &cleanup_patch("7", &annotations_of(&sparse))).is_err());
+    }
+
+    #[test]
+    fn step_times_round_trip() {
+        let times = vec![1_767_323_045_000, 1_767_323_046_250];
+        assert_eq!(parse_times(&format_times(&times)), times);
+        assert_eq!(
+            parse_times("garbage,2026-01-02T03:04:05Z"),
+            vec![1_767_323_045_000]
+        );
+        assert!(parse_times("").is_empty());
+    }
+}
