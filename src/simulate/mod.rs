@@ -59,6 +59,9 @@ pub struct SimulateArgs {
     pub api_latency: Option<String>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// deny, retry-after and hold also pace pod creations (a second rule, same limit).
+    #[arg(long)]
+    pub pace_creates: bool,
     /// Leave out the unthrottled StatefulSet.
     #[arg(long)]
     pub no_collateral: bool,
@@ -110,6 +113,9 @@ impl SimulateArgs {
             api_latency,
             seed
         );
+        if self.pace_creates {
+            f.pace_creates = true;
+        }
         if self.no_collateral {
             f.collateral = false;
         }

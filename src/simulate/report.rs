@@ -40,6 +40,8 @@ pub struct Row {
     pub makespan_s: Option<f64>,
     pub vs_ideal: Option<f64>,
     pub peak_paced: usize,
+    /// Most charges the limiter recorded in any window, over the action's rules.
+    pub peak_charged: usize,
     pub peak_deletions: usize,
     pub peak_starts: usize,
     pub outage_p50_s: Option<f64>,
@@ -49,6 +51,8 @@ pub struct Row {
     pub retries: u64,
     pub errors: u64,
     pub worker_blocked_s: f64,
+    pub holds: u64,
+    pub gated: u64,
     pub converged: u64,
     pub workloads: u64,
     pub events: u64,
@@ -67,6 +71,12 @@ pub fn row(sc: &Scenario, r: &RunResult) -> Row {
         makespan_s: r.makespan.map(secs),
         vs_ideal: r.makespan.map(|m| m as f64 / sc.ideal_ms().max(1) as f64),
         peak_paced: peak_in_window(paced, sc.window),
+        peak_charged: r
+            .charges
+            .values()
+            .map(|t| peak_in_window(t, sc.window))
+            .max()
+            .unwrap_or(0),
         peak_deletions: peak_in_window(&r.deletions, sc.window),
         peak_starts: peak_in_window(&r.starts, sc.window),
         outage_p50_s: percentile(&r.outages, 50.0).map(secs),
@@ -76,6 +86,8 @@ pub fn row(sc: &Scenario, r: &RunResult) -> Row {
         retries: r.retries,
         errors: r.errors,
         worker_blocked_s: secs(r.worker_blocked),
+        holds: r.holds,
+        gated: r.gated,
         converged: r.converged,
         workloads: r.workloads,
         events: r.events,
@@ -94,21 +106,22 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| action | makespan s | × ideal | peak paced/{w} | peak deletions/{w} | peak starts/{w} | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged |"
+        "| action | makespan s | × ideal | peak paced/{w} | peak charged/{w} | peak deletions/{w} | peak starts/{w} | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged |"
     );
     let _ = writeln!(
         out,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} |",
+            "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} |",
             r.action.as_str(),
             opt(r.makespan_s, 0),
             opt(r.vs_ideal, 2),
             r.peak_paced,
             r.action.paced_event(),
+            r.peak_charged,
             r.peak_deletions,
             r.peak_starts,
             opt(r.outage_p50_s, 1),
@@ -131,14 +144,14 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
 
 pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::from(
-        "scenario,action,makespan_s,ideal_s,vs_ideal,peak_paced,paced_event,peak_deletions,peak_starts,window_s,\
-         outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,converged,workloads,events\n",
+        "scenario,action,makespan_s,ideal_s,vs_ideal,peak_paced,paced_event,peak_charged,peak_deletions,peak_starts,window_s,\
+         outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,holds,gated,converged,workloads,events\n",
     );
     let o = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{}",
+            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{}",
             sc.file.name,
             r.action.as_str(),
             o(r.makespan_s),
@@ -146,6 +159,7 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
             o(r.vs_ideal),
             r.peak_paced,
             r.action.paced_event(),
+            r.peak_charged,
             r.peak_deletions,
             r.peak_starts,
             sc.window as f64 / 1000.0,
@@ -156,6 +170,8 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
             r.retries,
             r.errors,
             r.worker_blocked_s,
+            r.holds,
+            r.gated,
             r.converged,
             r.workloads,
             r.events
@@ -229,7 +245,10 @@ pub fn plot(sc: &Scenario, runs: &[RunResult], path: &std::path::Path) -> Result
         ),
         (
             bottom,
-            format!("pod starts (scheduled) per {w} s window; log scale, 0 drawn as 1"),
+            format!(
+                "pod starts (scheduled) per {w} s window; log scale, 0 drawn as 1, \
+                 each point the fullest window of its x step"
+            ),
             false,
         ),
     ];

@@ -162,6 +162,9 @@ pub struct ScenarioFile {
     pub max_retry_after: String,
     /// Released pods not yet Ready, for gate and partition; 0 for no cap.
     pub max_not_ready: u32,
+    /// deny, retry-after and hold also pace pod creations (a second rule, same limit),
+    /// as tests/e2e/run.sh does; otherwise they pace deletions only.
+    pub pace_creates: bool,
     /// StatefulSet controller workers (kube-controller-manager --concurrent-statefulset-syncs).
     pub workers: u32,
     /// ReplicaSet/Deployment controller workers.
@@ -209,6 +212,7 @@ impl Default for ScenarioFile {
             max_hold: "5s".into(),
             max_retry_after: "30s".into(),
             max_not_ready: 50,
+            pace_creates: false,
             workers: 5,
             deployment_workers: 5,
             max_retries: 10,
@@ -247,14 +251,20 @@ impl ScenarioFile {
                 namespaces: 10_000,
                 ..base
             }),
-            // What an end-to-end run on kwok can do: kwok makes pods Ready in about a second
-            // and finishes deletions at once.
+            // tests/e2e/run.sh's mass rollout with its CI defaults (E2E_STS=100 in
+            // E2E_NAMESPACES=10, E2E_LIMIT_EVENTS=50 per 10 s, maxNotReady = the limit,
+            // deletions and creations paced by deny/retry-after/hold); kwok makes pods
+            // Ready within about a second and finishes deletions almost at once.
             "e2e" => Ok(ScenarioFile {
                 name: "e2e".into(),
                 statefulsets: 100,
                 namespaces: 10,
                 terminate: "uniform(100ms, 500ms)".into(),
                 start: "uniform(500ms, 1500ms)".into(),
+                limit: "50/10s".into(),
+                max_not_ready: 50,
+                max_retry_after: "60s".into(),
+                pace_creates: true,
                 ..base
             }),
             other => Err(format!(
@@ -463,6 +473,16 @@ impl Scenario {
             )
         };
         let d = |ms: Millis| format_duration(Duration::from_millis(ms));
+        let deletes = |action: &str, extra: &str| {
+            let mut rules = deletes(action, extra);
+            if self.file.pace_creates {
+                rules += &format!(
+                    "  - name: paced-creates\n    match:\n      resources: [pods]\n      operations: [CREATE]\n      \
+                     controllerKinds: [StatefulSet, ReplicaSet]\n    limit: {limit}\n    action: {action}{extra}\n"
+                );
+            }
+            rules
+        };
         let rules = match action {
             SimAction::None => String::new(),
             SimAction::Deny => deletes("deny", ""),
