@@ -59,6 +59,9 @@ pub struct SimulateArgs {
     pub api_latency: Option<String>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Releasers: model (incremental, fast) or real (the releaser's own pure plans).
+    #[arg(long)]
+    pub releasers: Option<String>,
     /// deny, retry-after and hold also pace pod creations (a second rule, same limit).
     #[arg(long)]
     pub pace_creates: bool,
@@ -111,7 +114,8 @@ impl SimulateArgs {
             max_retry_after,
             max_not_ready,
             api_latency,
-            seed
+            seed,
+            releasers
         );
         if self.pace_creates {
             f.pace_creates = true;
@@ -186,7 +190,7 @@ pub fn describe(sc: &Scenario) -> String {
     }
     format!(
         "{what}\n  limit {} per {} s, terminate {}, start {}, {} workers, API latency {} ms, \
-         client {} qps/{} burst, queue bucket {} qps/{}, seed {}\n  \
+         client {} qps/{} burst, queue bucket {} qps/{}, seed {}, {} releasers\n  \
          ideal makespan: {} pods / ({} per {} s) = {} s\n",
         sc.events,
         sc.window as f64 / 1000.0,
@@ -199,6 +203,7 @@ pub fn describe(sc: &Scenario) -> String {
         sc.queue_qps,
         sc.queue_burst,
         sc.seed,
+        if sc.real_releasers { "real" } else { "model" },
         sc.paced_pods(),
         sc.events,
         sc.window as f64 / 1000.0,

@@ -10,6 +10,10 @@ use crate::admission::decide::decide_churn;
 use crate::admission::{ChurnRequest, Endpoint, Verdict, GATE_NAME};
 use crate::limiter::{Identity, Limiter, Millis};
 use crate::policy::{Action, ChurnKind, Policy, Scope};
+use crate::releaser::partition_plan::{
+    plan_steps, stepped_at_after, HeldSet, Move, Released, StepInputs, StepWhy,
+};
+use crate::releaser::plan::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -454,6 +458,8 @@ struct Pod {
     gate_pending: Option<usize>,
     /// Released by a partition step and not yet Ready.
     step_pending: bool,
+    /// When this incarnation was created.
+    created_at: Millis,
 }
 
 #[derive(Debug, Clone)]
@@ -470,6 +476,8 @@ struct Sts {
     target: Option<u32>,
     updated_at: Option<Millis>,
     done_at: Option<Millis>,
+    /// Partition step times still in the window (the real releaser reads them).
+    stepped_at: Vec<Millis>,
 }
 
 #[derive(Debug, Clone)]
@@ -561,6 +569,9 @@ enum Ev {
 struct GateState {
     rule: usize,
     queue: FairQueue,
+    /// Real releasers: gated pods in creation order, and the plan's round-robin cursor.
+    real_queue: Vec<u32>,
+    cursor: Cursor,
     not_ready: u32,
     blocked_on_ready: bool,
     next_wake: Option<Millis>,
@@ -568,6 +579,8 @@ struct GateState {
 
 struct PartitionState {
     rule: usize,
+    /// Real releasers: the held sets.
+    held: Vec<u32>,
     /// StatefulSets whose previous step is Ready and that have steps left.
     queue: FairQueue,
     not_ready: u32,
@@ -660,6 +673,7 @@ impl<'a> Sim<'a> {
                     down_since: None,
                     gate_pending: None,
                     step_pending: false,
+                    created_at: 0,
                 });
             }
             sets.push(Sts {
@@ -673,6 +687,7 @@ impl<'a> Sim<'a> {
                 target: None,
                 updated_at: None,
                 done_at: None,
+                stepped_at: Vec::new(),
             });
         };
         for i in 0..sc.statefulsets {
@@ -716,6 +731,7 @@ impl<'a> Sim<'a> {
                     down_since: None,
                     gate_pending: None,
                     step_pending: false,
+                    created_at: 0,
                 });
             }
             deps.push(dep);
@@ -753,6 +769,8 @@ impl<'a> Sim<'a> {
             .map(|(rule, _)| GateState {
                 rule,
                 queue: FairQueue::default(),
+                real_queue: Vec::new(),
+                cursor: Cursor::default(),
                 not_ready: 0,
                 blocked_on_ready: false,
                 next_wake: None,
@@ -764,6 +782,7 @@ impl<'a> Sim<'a> {
             .position(|r| r.action == Action::Partition)
             .map(|rule| PartitionState {
                 rule,
+                held: Vec::new(),
                 queue: FairQueue::default(),
                 not_ready: 0,
                 blocked_on_ready: false,
@@ -1040,8 +1059,13 @@ impl<'a> Sim<'a> {
                     sts.partition = held;
                     sts.target = Some(target);
                     let namespace = sts.namespace;
+                    let real = self.sc.real_releasers;
                     if let Some(p) = self.partition.as_mut() {
-                        p.queue.push(namespace, s);
+                        if real {
+                            p.held.push(s);
+                        } else {
+                            p.queue.push(namespace, s);
+                        }
                     }
                     self.wake_partition(self.now);
                 }
@@ -1460,6 +1484,7 @@ impl<'a> Sim<'a> {
                     return;
                 }
                 pod.generation += 1;
+                pod.created_at = now;
                 // Below the partition the controller re-creates the current revision.
                 pod.updated = pod.ordinal >= partition;
                 self.created(p, gate);
@@ -1479,6 +1504,7 @@ impl<'a> Sim<'a> {
                     down_since: None,
                     gate_pending: None,
                     step_pending: false,
+                    created_at: now,
                 });
                 self.created(p, gate);
             }
@@ -1494,7 +1520,11 @@ impl<'a> Sim<'a> {
                     Owner::Sts(s) => self.sets[s as usize].namespace,
                     Owner::Dep(d) => self.deps[d as usize].namespace,
                 };
-                self.gates[g].queue.push(namespace, p);
+                if self.sc.real_releasers {
+                    self.gates[g].real_queue.push(p);
+                } else {
+                    self.gates[g].queue.push(namespace, p);
+                }
                 self.wake_gate(g, self.now);
             }
             None => self.start(p),
@@ -1529,6 +1559,10 @@ impl<'a> Sim<'a> {
     /// Releases gated pods at the rule's rate: round-robin across namespaces, oldest first,
     /// while the rule's released-but-not-Ready pods stay under maxNotReady.
     fn run_gate(&mut self, g: usize) {
+        if self.sc.real_releasers {
+            self.run_gate_real(g);
+            return;
+        }
         let now = self.now;
         let rule = self.policy.rules[self.gates[g].rule].clone();
         let global = rule.limits.iter().all(|l| l.scope == Scope::Global);
@@ -1627,6 +1661,10 @@ impl<'a> Sim<'a> {
 
     /// The previously released pod of a held StatefulSet is updated and Ready.
     fn step_ready(&mut self, s: u32) {
+        if self.sc.real_releasers {
+            self.wake_partition(self.now);
+            return;
+        }
         let sts = &self.sets[s as usize];
         let namespace = sts.namespace;
         let more = sts.target.is_some_and(|t| sts.partition > t);
@@ -1646,6 +1684,10 @@ impl<'a> Sim<'a> {
     /// Steps held partitions down by one at the rule's rate, fair across namespaces, one
     /// step in flight per StatefulSet, under maxNotReady.
     fn run_partition(&mut self) {
+        if self.sc.real_releasers {
+            self.run_partition_real();
+            return;
+        }
         let now = self.now;
         let Some(rule_index) = self.partition.as_ref().map(|p| p.rule) else {
             return;
@@ -1709,10 +1751,29 @@ impl<'a> Sim<'a> {
     }
 
     fn step(&mut self, ns: u32, s: u32, rule: &Arc<str>, limits: &[crate::policy::Limit]) {
+        let new = self.sets[s as usize].partition - 1;
+        let window = limits
+            .iter()
+            .map(|l| l.window.as_millis() as Millis)
+            .max()
+            .unwrap_or(0);
+        self.step_to(ns, s, new, Some((rule, limits)), true, window);
+    }
+
+    /// The releaser's partition UPDATE; `record`: charge it in the limiter (the real plan
+    /// charges its own steps); `rate`: a paced step (not a free move to the target).
+    fn step_to(
+        &mut self,
+        ns: u32,
+        s: u32,
+        new: u32,
+        record: Option<(&Arc<str>, &[crate::policy::Limit])>,
+        rate: bool,
+        window: Millis,
+    ) {
         let now = self.now;
         let sts = &self.sets[s as usize];
         let (old, target) = (sts.partition, sts.target.unwrap_or(0));
-        let new = old - 1;
         // The releaser's own UPDATE goes through the webhook like any other write.
         let mut churn = statefulset_update_request(&StsUpdate {
             namespace: &self.namespaces[ns as usize],
@@ -1730,29 +1791,202 @@ impl<'a> Sim<'a> {
         });
         let uid = sts.uid.clone();
         if let Admission::Allowed { .. } = self.admit(&mut churn, None, None) {
-            self.limiter.record(
-                rule,
-                limits,
-                &self.namespaces[ns as usize],
-                Some(&uid),
-                now,
-                1,
-            );
-            self.charged(&Some(rule.clone()), now);
-            self.out.steps.push(now);
+            if let Some((rule, limits)) = record {
+                self.limiter.record(
+                    rule,
+                    limits,
+                    &self.namespaces[ns as usize],
+                    Some(&uid),
+                    now,
+                    1,
+                );
+            }
+            if rate {
+                let rule = self
+                    .partition
+                    .as_ref()
+                    .map(|p| self.policy.rules[p.rule].name.clone());
+                self.charged(&rule, now);
+                self.out.steps.push(now);
+            }
             let sts = &mut self.sets[s as usize];
             sts.partition = new;
-            let pod = sts.first_pod + new;
-            self.pods[pod as usize].step_pending = true;
+            sts.stepped_at = stepped_at_after(&sts.stepped_at, window, now);
+            if new < sts.replicas {
+                let pod = sts.first_pod + new;
+                self.pods[pod as usize].step_pending = true;
+            }
             if let Some(state) = self.partition.as_mut() {
                 state.not_ready += 1;
             }
             self.enqueue(Ctrl::Sts, s);
         } else if let Some(state) = self.partition.as_mut() {
             // Refused by some other rule: try again after a window.
-            state.queue.push(ns, s);
+            if !self.sc.real_releasers {
+                state.queue.push(ns, s);
+            }
             let retry = now + self.sc.window;
             self.wake_partition(retry);
+        }
+    }
+
+    // --- the real releasers' pure plans -------------------------------------------------------
+
+    fn pod_name(&self, p: u32) -> String {
+        let pod = &self.pods[p as usize];
+        match pod.owner {
+            Owner::Sts(s) => format!("{}-{}", self.sets[s as usize].name, pod.ordinal),
+            Owner::Dep(d) => format!("{}-new-{}", self.deps[d as usize].name, pod.ordinal),
+        }
+    }
+
+    fn pod_namespace(&self, p: u32) -> u32 {
+        match self.pods[p as usize].owner {
+            Owner::Sts(s) => self.sets[s as usize].namespace,
+            Owner::Dep(d) => self.deps[d as usize].namespace,
+        }
+    }
+
+    /// One round of `releaser::plan::plan` over the gated pods, as the releaser sees them.
+    fn run_gate_real(&mut self, g: usize) {
+        let now = self.now;
+        let rule = self.policy.rules[self.gates[g].rule].name.clone();
+        let queue: Vec<QueuedPod> = self.gates[g]
+            .real_queue
+            .iter()
+            .map(|&p| QueuedPod {
+                namespace: self.namespaces[self.pod_namespace(p) as usize].clone(),
+                name: self.pod_name(p),
+                uid: format!("uid-pod-{p}-{}", self.pods[p as usize].generation),
+                resource_version: String::new(),
+                rule: rule.to_string(),
+                owner: Some(self.pod_owner_uid(p).to_string()),
+                // creationTimestamp has second precision.
+                created: self.pods[p as usize].created_at / 1000 * 1000,
+            })
+            .collect();
+        let not_ready = HashMap::from([(rule.to_string(), self.gates[g].not_ready)]);
+        let mut cursor = std::mem::take(&mut self.gates[g].cursor);
+        let round = plan(
+            &Inputs {
+                queue: &queue,
+                not_ready: &not_ready,
+                policy: &self.policy,
+                now,
+                max_releases: MAX_RELEASES_PER_ROUND,
+            },
+            &mut self.limiter,
+            &mut cursor,
+        );
+        self.gates[g].cursor = cursor;
+        let mut released = vec![false; queue.len()];
+        for r in &round.releases {
+            released[r.index] = true;
+            let p = self.gates[g].real_queue[r.index];
+            self.charged(&Some(rule.clone()), now);
+            self.gates[g].not_ready += 1;
+            let pod = &mut self.pods[p as usize];
+            pod.gate_pending = Some(g);
+            let generation = pod.generation;
+            self.at(
+                now + self.sc.api_latency,
+                Ev::Ungated { pod: p, generation },
+            );
+        }
+        let mut i = 0;
+        self.gates[g].real_queue.retain(|_| {
+            i += 1;
+            !released[i - 1]
+        });
+        let state = &mut self.gates[g];
+        state.blocked_on_ready = !state.real_queue.is_empty();
+        if let Some(at) = round.wake_at {
+            self.wake_gate(g, at.max(now));
+        }
+    }
+
+    /// One round of `releaser::partition_plan::plan_steps` over the held sets.
+    fn run_partition_real(&mut self) {
+        let now = self.now;
+        let Some(state) = self.partition.as_ref() else {
+            return;
+        };
+        let rule = self.policy.rules[state.rule].clone();
+        let window = rule
+            .limits
+            .iter()
+            .map(|l| l.window.as_millis() as Millis)
+            .max()
+            .unwrap_or(0);
+        let ids = state.held.clone();
+        let held: Vec<HeldSet> = ids
+            .iter()
+            .map(|&s| {
+                let sts = &self.sets[s as usize];
+                let released = if sts.partition >= sts.replicas {
+                    Released::None
+                } else {
+                    let pod = &self.pods[(sts.first_pod + sts.partition) as usize];
+                    if pod.updated && pod.phase == Phase::Ready {
+                        Released::Settled
+                    } else {
+                        Released::Pending
+                    }
+                };
+                HeldSet {
+                    namespace: self.namespaces[sts.namespace as usize].clone(),
+                    name: sts.name.clone(),
+                    uid: sts.uid.clone(),
+                    resource_version: String::new(),
+                    rule: rule.name.to_string(),
+                    rolling_update: true,
+                    replicas: sts.replicas,
+                    partition: sts.partition,
+                    target: sts.target,
+                    held: Some(sts.partition),
+                    stepped_at: sts.stepped_at.clone(),
+                    held_since: sts.updated_at,
+                    released,
+                    nothing_to_roll: false,
+                    backoff: false,
+                }
+            })
+            .collect();
+        let round = plan_steps(
+            &StepInputs {
+                held: &held,
+                records: &[],
+                policy: &self.policy,
+                now,
+                max_moves: MAX_RELEASES_PER_ROUND,
+            },
+            &mut self.limiter,
+        );
+        let mut finished = Vec::new();
+        for m in round.moves {
+            match m {
+                Move::Step { index, to, why, .. } => {
+                    let s = ids[index];
+                    let ns = self.sets[s as usize].namespace;
+                    // The plan already charged the limiter for a step at the rate.
+                    self.step_to(ns, s, to, None, why == StepWhy::Rate, window);
+                }
+                Move::Finish { index, .. } | Move::LetGo { index, .. } => {
+                    finished.push(ids[index]);
+                }
+            }
+        }
+        if !finished.is_empty() {
+            if let Some(state) = self.partition.as_mut() {
+                state.held.retain(|s| !finished.contains(s));
+            }
+            for s in finished {
+                self.sets[s as usize].target = None;
+                self.check_sts_done(s);
+            }
+        }
+        if let Some(at) = round.wake_at {
+            self.wake_partition(at.max(now));
         }
     }
 }

@@ -188,6 +188,10 @@ pub struct ScenarioFile {
     /// When the unthrottled StatefulSet is updated (it queues behind the operator's burst).
     pub collateral_at: String,
     pub actions: Vec<String>,
+    /// "model": the simulator's incremental releasers (fast at any scale); "real": each
+    /// round calls the releaser's own pure plans, `releaser::plan::plan` and
+    /// `releaser::partition_plan::plan_steps` (cost grows with queue × rounds).
+    pub releasers: String,
     /// Simulated time after which a run stops unconverged; 0 = 100 × ideal + 1h.
     pub horizon: String,
     /// Policy YAML per action name, replacing the generated one.
@@ -230,6 +234,7 @@ impl Default for ScenarioFile {
                 .iter()
                 .map(|a| a.as_str().to_string())
                 .collect(),
+            releasers: "model".into(),
             horizon: "0s".into(),
             policies: BTreeMap::new(),
         }
@@ -312,6 +317,11 @@ impl ScenarioFile {
         if actions.is_empty() {
             return Err("no actions to compare".into());
         }
+        let real_releasers = match self.releasers.as_str() {
+            "model" => false,
+            "real" => true,
+            other => return Err(format!("releasers {other:?}: use model or real")),
+        };
         for key in self.policies.keys() {
             SimAction::parse(key).map_err(|e| format!("policies: {e}"))?;
         }
@@ -347,6 +357,7 @@ impl ScenarioFile {
             collateral_replicas: self.collateral_replicas.max(1),
             collateral_at: ms("collateralAt", &self.collateral_at)?,
             actions,
+            real_releasers,
             horizon: ms("horizon", &self.horizon)?,
             seed: self.seed,
         };
@@ -410,6 +421,7 @@ pub struct Scenario {
     pub collateral_replicas: u32,
     pub collateral_at: Millis,
     pub actions: Vec<SimAction>,
+    pub real_releasers: bool,
     pub horizon: Millis,
     pub seed: u64,
 }

@@ -501,8 +501,40 @@ fn run(file: &ScenarioFile) -> Vec<RunResult> {
 
 #[test]
 fn small_scenario_invariants() {
+    check_invariants("model");
+}
+
+#[test]
+fn small_scenario_invariants_with_the_real_releaser_plans() {
+    check_invariants("real");
+}
+
+#[test]
+fn model_releasers_match_the_real_plans() {
+    let model = run(&small(&["gate", "partition"]));
+    let real = run(&ScenarioFile {
+        releasers: "real".into(),
+        ..small(&["gate", "partition"])
+    });
+    for (m, r) in model.iter().zip(&real) {
+        let action = m.action;
+        let (m, r) = (
+            m.makespan.expect("model converges") as f64,
+            r.makespan.expect("real converges") as f64,
+        );
+        assert!(
+            (m - r).abs() / r < 0.1,
+            "{action:?}: model {m} ms, real {r} ms"
+        );
+    }
+}
+
+fn check_invariants(releasers: &str) {
     let all = ["none", "deny", "retry-after", "hold", "gate", "partition"];
-    let file = small(&all);
+    let file = ScenarioFile {
+        releasers: releasers.into(),
+        ..small(&all)
+    };
     let sc = file.build().expect("scenario");
     let runs = run(&file);
     assert_eq!(runs.len(), all.len());
