@@ -54,6 +54,20 @@ pub struct Metrics {
     pub budget_fallback: IntGauge,
     /// global budget: failed Lease calls
     pub budget_api_errors: IntCounterVec,
+    /// partition releaser: StatefulSets whose rollout is held, by rule
+    pub partition_held: IntGaugeVec,
+    /// partition releaser: pods re-created by steps and not yet Ready, by rule
+    pub partition_not_ready: IntGaugeVec,
+    /// partition releaser: partition steps, by rule and reason
+    pub partition_steps: IntCounterVec,
+    /// partition releaser: holds ended, by rule and outcome
+    pub partition_rollouts: IntCounterVec,
+    /// partition releaser: patches refused, by reason (conflict, gone, error)
+    pub partition_failures: IntCounterVec,
+    /// partition releaser: seconds from the hold to its end, by rule
+    pub partition_held_duration: HistogramVec,
+    /// partition releaser: Events written on StatefulSets, by reason
+    pub partition_events: IntCounterVec,
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -122,6 +136,18 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("histogram: {e}"));
         register(&registry, Box::new(gate_wait.clone()));
+        let partition_held_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_partition_held_seconds",
+                "Time a StatefulSet rollout was held, from the hold to its end (target reached or let go), by rule.",
+            )
+            .buckets(vec![
+                1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0,
+            ]),
+            &["rule"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(&registry, Box::new(partition_held_duration.clone()));
         Metrics {
             decisions: counter_vec(
                 &registry,
@@ -251,6 +277,43 @@ impl Metrics {
                 "churn_throttler_budget_api_errors_total",
                 "Global budget: failed API calls on the replica Leases, by operation.",
                 &["operation"],
+            ),
+            partition_held: gauge_vec(
+                &registry,
+                "churn_throttler_partition_held_statefulsets",
+                "StatefulSets whose rollout churn-throttler holds, by rule (as seen by the leading releaser).",
+                &["rule"],
+            ),
+            partition_not_ready: gauge_vec(
+                &registry,
+                "churn_throttler_partition_released_not_ready_pods",
+                "Pods re-created by partition steps and not yet updated and Ready, by rule (what maxNotReady counts).",
+                &["rule"],
+            ),
+            partition_steps: counter_vec(
+                &registry,
+                "churn_throttler_partition_steps_total",
+                "Partition steps, by rule and reason (rate; nothing-to-roll and rule-gone are uncharged).",
+                &["rule", "reason"],
+            ),
+            partition_rollouts: counter_vec(
+                &registry,
+                "churn_throttler_partition_rollouts_total",
+                "Held rollouts that ended, by rule and outcome (done, let-go, rule-gone).",
+                &["rule", "outcome"],
+            ),
+            partition_failures: counter_vec(
+                &registry,
+                "churn_throttler_partition_patch_failures_total",
+                "StatefulSet patches of the partition releaser refused, by reason (conflict: the set changed; gone; error).",
+                &["reason"],
+            ),
+            partition_held_duration,
+            partition_events: counter_vec(
+                &registry,
+                "churn_throttler_partition_events_total",
+                "Kubernetes Events written on held StatefulSets, by reason.",
+                &["reason"],
             ),
             registry,
         }

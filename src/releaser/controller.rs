@@ -8,6 +8,7 @@
 //! ungated and the pods the releaser lifts share one window per rule.
 
 use super::lease::{self, within, Leadership, LeaseConfig};
+use super::partition::PartitionReleaser;
 use super::plan::{
     gate_rule, labels_to_drop, not_ready_by_rule, plan, seed, Blocked, Charged, Cursor, Inputs,
     Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
@@ -33,18 +34,18 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 /// Longest sleep between rounds when nothing is due (housekeeping, label drops).
-const IDLE: Duration = Duration::from_secs(5);
+pub(super) const IDLE: Duration = Duration::from_secs(5);
 /// After a watch event, wait this long so a burst of events makes one round.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+pub(super) const DEBOUNCE: Duration = Duration::from_millis(50);
 /// Patches in flight at once.
-const CONCURRENCY: usize = 8;
+pub(super) const CONCURRENCY: usize = 8;
 /// Longest wait for one patch or Event: a hung connection must not stall a round.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events written per round at most, whatever the number of waiting namespaces.
-const MAX_EVENTS_PER_ROUND: usize = 20;
+pub(super) const MAX_EVENTS_PER_ROUND: usize = 20;
 const REPORTING_CONTROLLER: &str = "churn-throttler.io/releaser";
 /// The label value used for pods whose rule is not in the policy, to keep labels bounded.
-const NO_RULE: &str = "(none)";
+pub(super) const NO_RULE: &str = "(none)";
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -85,17 +86,21 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
     let mut leadership = Leadership::new(rx);
     // The global budget: only the leader admits gate-rule pods at once (src/budget).
     state.set_releaser_leadership(leadership.clone());
-    let mut releaser = Releaser::new(client, state.clone(), &config);
+    let mut releaser = Releaser::new(client.clone(), state.clone(), &config);
+    let mut partitions = PartitionReleaser::new(client, state.clone(), &config);
     loop {
         tokio::select! {
             acquired = leadership.acquired() => if !acquired { break },
             _ = crate::server::stopped(&mut shutdown) => break,
         }
         let mut term_end = leadership.clone();
+        // Gates and partitions in one term: either watch ending starts both over.
+        let both =
+            async { tokio::try_join!(releaser.term(&leadership), partitions.term(&leadership)) };
         tokio::select! {
-            result = releaser.term(&leadership) => {
+            result = both => {
                 if let Err(e) = result {
-                    tracing::warn!(error = %e, "releaser: the watch of gated pods ended; starting over");
+                    tracing::warn!(error = %e, "releaser: a watch (gated pods or StatefulSets) ended; starting over");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -105,8 +110,10 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
             _ = crate::server::stopped(&mut shutdown) => break,
         }
         releaser.clear_gauges();
+        partitions.clear_gauges();
     }
     releaser.clear_gauges();
+    partitions.clear_gauges();
     // The election gives the lease up on shutdown, so a follower need not wait it out.
     let _ = election.await;
     tracing::info!("releaser: stopped");
@@ -139,7 +146,44 @@ async fn connect(shutdown: &mut watch::Receiver<bool>) -> Option<Client> {
 }
 
 /// A spawned task that is stopped when its handle goes out of scope.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+/// Runs a reflecting watch stream in a task: every event wakes `changed`; errors are
+/// counted and logged (first, then at powers of two) while the stream backs off.
+pub(super) fn spawn_feed<S, E>(
+    stream: S,
+    changed: Arc<Notify>,
+    metrics: Arc<crate::metrics::Metrics>,
+    what: &'static str,
+) -> AbortOnDrop
+where
+    S: futures::Stream<Item = Result<E, watcher::Error>> + Send + 'static,
+{
+    AbortOnDrop(tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut failures: u32 = 0;
+        loop {
+            match stream.try_next().await {
+                Ok(Some(_)) => {
+                    failures = 0;
+                    changed.notify_one();
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    failures += 1;
+                    metrics
+                        .releaser_api_errors
+                        .with_label_values(&["watch"])
+                        .inc();
+                    if failures == 1 || failures.is_power_of_two() {
+                        tracing::warn!(error = %e, failures, what,
+                            "releaser: listing or watching failed; retrying with back-off");
+                    }
+                }
+            }
+        }
+    }))
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -207,37 +251,15 @@ impl Releaser {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store::<Pod>();
         let changed = Arc::new(Notify::new());
-        let _feed = {
-            let changed = changed.clone();
-            let metrics = self.state.metrics.clone();
-            let stream = watcher(pods.clone(), watcher::Config::default().labels(GATED_LABEL))
-                .default_backoff()
-                .reflect(writer);
-            AbortOnDrop(tokio::spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                let mut failures: u32 = 0;
-                loop {
-                    match stream.try_next().await {
-                        Ok(Some(_)) => {
-                            failures = 0;
-                            changed.notify_one();
-                        }
-                        Ok(None) => return,
-                        Err(e) => {
-                            failures += 1;
-                            metrics
-                                .releaser_api_errors
-                                .with_label_values(&["watch"])
-                                .inc();
-                            if failures == 1 || failures.is_power_of_two() {
-                                tracing::warn!(error = %e, failures,
-                                    "releaser: listing or watching gated pods failed; retrying with back-off");
-                            }
-                        }
-                    }
-                }
-            }))
-        };
+        let stream = watcher(pods.clone(), watcher::Config::default().labels(GATED_LABEL))
+            .default_backoff()
+            .reflect(writer);
+        let _feed = spawn_feed(
+            stream,
+            changed.clone(),
+            self.state.metrics.clone(),
+            "gated pods",
+        );
         // Nothing is released before the whole set of labelled pods has been listed.
         reader.wait_until_ready().await?;
         // Releases this process made in an earlier term are in the limiter already;
@@ -686,6 +708,25 @@ fn about(ms: Millis) -> String {
 }
 
 fn event(pod: &QueuedPod, reason: &str, note: String, identity: &str) -> Event {
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(pod.name.clone()),
+        namespace: Some(pod.namespace.clone()),
+        uid: Some(pod.uid.clone()),
+        ..Default::default()
+    };
+    new_event(regarding, "Gate", reason, note, identity)
+}
+
+/// A new events.k8s.io Event about `regarding`, from the releaser, within the API's limits.
+pub(super) fn new_event(
+    regarding: ObjectReference,
+    action: &str,
+    reason: &str,
+    note: String,
+    identity: &str,
+) -> Event {
     let now = Timestamp::now();
     let mut note = note;
     if note.len() > 1000 {
@@ -695,25 +736,19 @@ fn event(pod: &QueuedPod, reason: &str, note: String, identity: &str) -> Event {
         }
         note.truncate(cut);
     }
+    let name = regarding.name.clone().unwrap_or_default();
     Event {
         metadata: ObjectMeta {
-            name: Some(format!("{}.{:x}", pod.name, now.as_nanosecond())),
-            namespace: Some(pod.namespace.clone()),
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            namespace: regarding.namespace.clone(),
             ..Default::default()
         },
-        action: Some("Gate".into()),
+        action: Some(action.into()),
         reason: Some(reason.into()),
         note: Some(note),
         type_: Some("Normal".into()),
         event_time: Some(MicroTime(now)),
-        regarding: Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod.name.clone()),
-            namespace: Some(pod.namespace.clone()),
-            uid: Some(pod.uid.clone()),
-            ..Default::default()
-        }),
+        regarding: Some(regarding),
         reporting_controller: Some(REPORTING_CONTROLLER.into()),
         reporting_instance: Some(identity.chars().take(128).collect()),
         ..Default::default()

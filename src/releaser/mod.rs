@@ -8,6 +8,7 @@
 
 pub mod controller;
 pub mod lease;
+pub mod partition;
 pub mod partition_plan;
 pub mod plan;
 pub mod pods;
