@@ -121,8 +121,8 @@ def check_common(variant, docs, policy_src):
     pod_verbs = {v for r in roles for rule in r.get("rules", []) if "pods" in rule.get("resources", []) for v in rule["verbs"]}
     check(f"{variant}: pods only get/list/watch/patch", pod_verbs <= {"get", "list", "watch", "patch"}, str(sorted(pod_verbs)))
     sts_verbs = {v for r in roles for rule in r.get("rules", []) if "statefulsets" in rule.get("resources", []) and "apps" in rule.get("apiGroups", []) for v in rule["verbs"]}
-    check(f"{variant}: statefulsets get/list/watch/patch/update (partition releaser)",
-          sts_verbs == {"get", "list", "watch", "patch", "update"}, str(sorted(sts_verbs)))
+    check(f"{variant}: statefulsets get/list/watch/patch (partition releaser)",
+          sts_verbs == {"get", "list", "watch", "patch"}, str(sorted(sts_verbs)))
     leases = [r for r in roles for rule in r.get("rules", []) if "leases" in rule.get("resources", [])]
     check(f"{variant}: leases only through a namespaced Role in {NS}",
           leases and all(r["kind"] == "Role" and r["metadata"].get("namespace") == NS for r in leases))
