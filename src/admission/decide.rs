@@ -173,6 +173,12 @@ pub fn decide_churn(
         reserve,
         dry_run: churn.dry_run,
         max_reserved_per_namespace: rule.max_reserved_per_namespace,
+        align_beyond: match rule.action {
+            Action::Hold | Action::RetryAfter => {
+                Some(rule.max_hold.map_or(0, |h| h.as_millis() as Millis))
+            }
+            _ => None,
+        },
     };
 
     match rule.action {

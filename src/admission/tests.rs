@@ -164,12 +164,13 @@ fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
             slot: 10_000
         }
     );
-    // c queues behind b: slot 20 s.
+    // c queues behind b: free at 20 s, moved to 20.1 s, when "retry after 20 s"
+    // given at 0.1 s brings it back.
     assert_eq!(
         decide_at(&mut limiter, &c, 100),
         Verdict::RetryAfter {
             seconds: 20,
-            slot: 20_000
+            slot: 20_100
         }
     );
     // b comes back 2 s early: within maxHold, so it is held until its slot.
@@ -178,7 +179,7 @@ fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
         Verdict::Hold { until: 10_000 }
     );
     // c comes back on time and is admitted on its reservation, not charged again.
-    assert_eq!(decide_at(&mut limiter, &c, 20_000), Verdict::Admitted);
+    assert_eq!(decide_at(&mut limiter, &c, 20_100), Verdict::Admitted);
     assert_eq!(limiter.reservation_count(), 0);
 }
 

@@ -62,6 +62,10 @@ pub struct Ask<'a> {
     pub reserve: bool,
     pub dry_run: bool,
     pub max_reserved_per_namespace: u32,
+    /// A slot farther than this from now is answered with Retry-After, which counts whole
+    /// seconds: the slot is moved to a whole number of seconds from now (when that is
+    /// free), so the charge lands when the client's retry really comes.
+    pub align_beyond: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +273,10 @@ impl Limiter {
             })
             .max()
             .unwrap_or(now);
+        let slot = match ask.align_beyond {
+            Some(threshold) if slot > now + threshold => self.aligned(&keys, ask, now, slot),
+            _ => slot,
+        };
 
         if slot <= now {
             if !ask.dry_run {
@@ -336,6 +344,22 @@ impl Limiter {
         }
         self.reservation_count += 1;
         Outcome::Reserved { slot }
+    }
+
+    /// `slot` moved up to a whole number of seconds after `now`, if every bucket has
+    /// room there; otherwise `slot` itself.
+    fn aligned(&self, keys: &[BucketKey], ask: &Ask<'_>, now: Millis, slot: Millis) -> Millis {
+        let rounded = now + (slot - now).div_ceil(1000) * 1000;
+        let fits = keys.iter().zip(ask.limits).all(|(key, limit)| {
+            self.buckets
+                .get(key)
+                .is_none_or(|b| b.earliest(limit, ask.cost, rounded) == rounded)
+        });
+        if fits {
+            rounded
+        } else {
+            slot
+        }
     }
 
     /// A request whose reservation exists: due ones are used up, early ones wait.

@@ -29,6 +29,7 @@ fn ask<'a>(
         reserve: true,
         dry_run: false,
         max_reserved_per_namespace: 1_000,
+        align_beyond: None,
     }
 }
 
@@ -433,4 +434,27 @@ proptest! {
             prop_assert!(limiter.reservation_count() <= 32);
         }
     }
+}
+
+#[test]
+fn retry_after_slots_are_aligned_to_whole_seconds_from_now() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let (a, b) = (exact("a"), exact("b"));
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &a), 0),
+        Outcome::Admitted
+    );
+    let mut late = ask(&rule, &limits, "ns", &b);
+    late.align_beyond = Some(0);
+    // Free at 1,000 ms; the client told "retry after 1 s" at 300 ms comes back at 1,300 ms.
+    assert_eq!(
+        limiter.acquire(&late, 300),
+        Outcome::Reserved { slot: 1_300 }
+    );
+    assert_eq!(
+        limiter.acquire(&late, 1_300),
+        Outcome::Claimed { slot: 1_300 }
+    );
 }
