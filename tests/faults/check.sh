@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Bad input and faults against a real `churn-throttler serve` process over HTTPS (curl),
+# with figures: for each case the HTTP status, the first words of the answer and the
+# time to answer; then a broken policy and a mismatched key pair written while it runs
+# (hot reload), and the server's own counters. Complements tests/server.rs (which asserts
+# the same cases through the router) with what an operator sees from outside.
+# Last line: `faults: N passed, M failed`. See docs/faults.md.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+f="$root/tests/fixtures"
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "faults: FAIL: $*" >&2; }
+
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
+  (cd "$root" && cargo build --quiet --bin churn-throttler) || { echo "faults: cargo build failed"; echo "faults: 0 passed, 1 failed"; exit 1; }
+  CHURN_THROTTLER_BIN="$target_dir/debug/churn-throttler"
+fi
+W="$(mktemp -d /tmp/faults.XXXXXX)"
+SERVER=""
+cleanup() {
+  if [[ -n "$SERVER" ]]; then
+    kill -TERM "$SERVER" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$SERVER" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$SERVER" 2>/dev/null
+  fi
+  rm -rf "$W"
+}
+trap cleanup EXIT
+
+read -r port mport < <(python3 -c '
+import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1",0)) for x in s]
+print(" ".join(str(x.getsockname()[1]) for x in s))')
+"$CHURN_THROTTLER_BIN" default-policy >"$W/policy.yaml"
+"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/dev" --config "$W/policy.yaml" \
+  --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --reload-interval 200ms \
+  --max-body-bytes 1048576 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$mport/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+ca="$W/dev/ca.crt"
+url="https://localhost:$port"
+
+# edit FIXTURE PYTHON-EXPR: the fixture with `r` (the review) changed by the expression.
+edit() {
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); $2; print(json.dumps(r))" "$f/$1.json"
+}
+printf 'x%.0s' $(seq 1 2000000) | sed 's/^/{"pad":"/; s/$/"}/' >"$W/big.json"
+printf '%s' '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"1","kind":' >"$W/truncated.json"
+edit pod-delete-running 'r["request"]["kind"]["version"]="v2"; r["request"]["resource"]["version"]="v2"' >"$W/pod-v2.json"
+edit statefulset-partition-lower 'r["request"]["kind"]["version"]="v1beta1"; r["request"]["resource"]["version"]="v1beta1"; r["request"]["object"]["apiVersion"]="apps/v1beta1"; r["request"]["oldObject"]["apiVersion"]="apps/v1beta1"' >"$W/sts-v1beta1.json"
+edit configmap-create 'r["request"]["kind"]={"group":"batch","version":"v1","kind":"CronJob"}; r["request"]["resource"]={"group":"batch","version":"v1","resource":"cronjobs"}' >"$W/cronjob.json"
+edit pod-eviction 'r["request"]["object"]="a string"' >"$W/eviction-bad-object.json"
+edit pod-eviction 'r["apiVersion"]="admission.k8s.io/v1beta1"' >"$W/review-v1beta1.json"
+
+printf '%-44s %-6s %-8s %s\n' "case" "status" "ms" "answer"
+# case NAME WANT-STATUS CURL-ARGS...: one request, its figures, and the check.
+case_() {
+  local name="$1" want="$2"; shift 2
+  local out status ms try
+  for (( try = 1; try <= ${TRIES:-1}; try++ )); do
+  out="$(curl -sS --cacert "$ca" -o "$W/body" -w '%{http_code} %{time_total}' "$@" 2>"$W/curl.err")"; [[ -s "$W/curl.err" ]] && echo "faults: curl: $(cat "$W/curl.err")" >&2
+  status="${out% *}"; ms="$(python3 -c "print(round(${out#* } * 1000, 1))")"
+  [[ "$status" != 000 && "$status" != 100 ]] && break
+  done
+  printf '%-44s %-6s %-8s %s\n' "$name" "$status" "$ms" "$(head -c 110 "$W/body" | tr '\n' ' ')"
+  if [[ "$status" == "$want" ]]; then ok; else bad "$name: HTTP $status, expected $want"; fi
+}
+j=(-H 'Content-Type: application/json')
+case_ "malformed JSON (tests/fixtures/malformed)" 400 "${j[@]}" --data-binary @"$f/malformed.json" "$url/validate"
+case_ "truncated JSON" 400 "${j[@]}" --data-binary @"$W/truncated.json" "$url/validate"
+case_ "empty body" 400 "${j[@]}" --data-binary '' "$url/validate"
+case_ "wrong content type (text/plain)" 415 -H 'Content-Type: text/plain' --data-binary @"$f/pod-eviction.json" "$url/validate"
+case_ "no content type" 415 -H 'Content-Type:' --data-binary @"$f/pod-eviction.json" "$url/mutate"
+# The server answers 413 and closes while curl may still be sending the 2 MB: curl may
+# then report a broken pipe instead of the answer, so this case gets up to 3 tries.
+TRIES=3 case_ "oversized body (2 MB, limit 1 MiB)" 413 --http1.1 "${j[@]}" --data-binary @"$W/big.json" "$url/mutate"
+case_ "review without request" 400 "${j[@]}" --data-binary @"$f/review-without-request.json" "$url/validate"
+case_ "review without uid" 400 "${j[@]}" --data-binary @"$f/review-without-uid.json" "$url/validate"
+case_ "request.object a string, not an object" 400 "${j[@]}" --data-binary @"$W/eviction-bad-object.json" "$url/validate"
+case_ "pods review of version v2 (allowed, paced)" 200 "${j[@]}" --data-binary @"$W/pod-v2.json" "$url/validate"
+case_ "apps/v1beta1 StatefulSet (allowed, paced)" 200 "${j[@]}" --data-binary @"$W/sts-v1beta1.json" "$url/validate"
+case_ "unknown kind: batch/v1 CronJob (allowed)" 200 "${j[@]}" --data-binary @"$W/cronjob.json" "$url/mutate"
+case_ "AdmissionReview admission.k8s.io/v1beta1" 200 "${j[@]}" --data-binary @"$W/review-v1beta1.json" "$url/validate"
+case_ "GET /validate" 405 "$url/validate"
+case_ "unknown path" 404 "$url/nope"
+# Plain HTTP to the TLS port: the handshake fails, nothing is served in clear text.
+if curl -s --max-time 3 -o /dev/null "http://localhost:$port/validate"; then bad "plain HTTP was answered"; else ok; fi
+printf '%-44s %-6s %-8s %s\n' "plain HTTP to the TLS port" "-" "-" "refused (TLS handshake error)"
+if curl -s --max-time 3 --tls-max 1.1 --cacert "$ca" -o /dev/null "$url/validate"; then bad "TLS 1.1 was accepted"; else ok; fi
+printf '%-44s %-6s %-8s %s\n' "TLS 1.1 client" "-" "-" "refused (TLS 1.2+ only)"
+
+metric() { curl -s "http://127.0.0.1:$mport/metrics" | awk -v s="$1" '$1==s {print $2}'; }
+wait_metric() { # wait_metric SERIES VALUE
+  for _ in $(seq 1 50); do [[ "$(metric "$1")" == "$2" ]] && return 0; sleep 0.1; done
+  return 1
+}
+# A broken policy while serving: refused, the last good one stays.
+echo "rules: [" >"$W/policy.yaml"
+if wait_metric 'churn_throttler_reloads_total{kind="policy",result="error"}' 1; then ok; else bad "broken policy not reported"; fi
+line="$(grep -m1 'policy not reloaded' "$W/serve.log" | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*policy not reloaded/policy not reloaded/' | head -c 150)"
+printf '%-44s %-6s %-8s %s\n' "broken policy written (hot reload)" "-" "-" "$line"
+[[ "$(metric churn_throttler_policy_rules)" == 5 ]] && ok || bad "the last good policy (5 rules) is not in force"
+# A key that does not match the certificate: refused, the last good pair keeps serving.
+"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
+other=$!
+for _ in $(seq 1 50); do [[ -s "$W/other/tls.key" ]] && break; sleep 0.1; done
+kill -TERM "$other" 2>/dev/null; wait "$other" 2>/dev/null
+cp "$W/other/tls.key" "$W/dev/tls.key"
+if wait_metric 'churn_throttler_reloads_total{kind="certificate",result="error"}' 1; then ok; else bad "mismatched key not reported"; fi
+line="$(grep -m1 'certificate not reloaded' "$W/serve.log" | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*certificate not reloaded/certificate not reloaded/' | head -c 150)"
+printf '%-44s %-6s %-8s %s\n' "mismatched key written (hot reload)" "-" "-" "$line"
+case_ "a review after both bad reloads" 200 "${j[@]}" --data-binary @"$f/pod-eviction.json" "$url/validate"
+echo
+echo "counters: $(curl -s "http://127.0.0.1:$mport/metrics" | grep -E '^churn_throttler_(bad_requests_total|unhandled_requests_total|reloads_total)' | tr '\n' ' ')"
+kill -0 "$SERVER" 2>/dev/null && ok || bad "the server died"
+echo "faults: $passed passed, $failed failed"
+(( failed == 0 ))
