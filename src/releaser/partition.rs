@@ -3,9 +3,9 @@
 //!
 //! Every term as leader starts from nothing: a fresh list+watch of all StatefulSets
 //! (annotations cannot be selected on, so it filters; pod templates are dropped before
-//! they are stored) rebuilds the held sets, the step times recorded on them seed the
-//! windows, and only then is anything stepped. Steps are charged in the webhook's own
-//! limiter under the partition rule's name.
+//! they are stored) rebuilds the held sets, and only then is anything stepped. The
+//! windows are rebuilt every round from the sets: the step times recorded on them, and
+//! the pods of their last steps, looked at before each plan.
 
 use super::controller::{
     new_event, spawn_feed, Config, CALL_TIMEOUT, CONCURRENCY, DEBOUNCE, IDLE, MAX_EVENTS_PER_ROUND,
@@ -13,14 +13,13 @@ use super::controller::{
 };
 use super::lease::{within, Leadership};
 use super::partition_plan::{
-    charge_key, partition_rule, plan_steps, seed_steps, stepped_at_after, Blocked, HeldSet,
-    LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
+    plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
 };
-use super::plan::{Charged, MAX_RELEASES_PER_ROUND};
+use super::plan::MAX_RELEASES_PER_ROUND;
 use super::pods::format_time;
 use super::statefulsets::{
-    cleanup_patch, finish_patch, let_go_patch, pod_settled, released_pod_name, step_patch,
-    update_revision, view, View,
+    cleanup_patch, finish_patch, let_go_patch, pod_progress, released_pod_name, step_patch,
+    update_revision, view, PodProgress, View,
 };
 use crate::limiter::Millis;
 use crate::policy::{format_duration, Action, Policy};
@@ -51,6 +50,9 @@ struct PodCheck {
     /// The set's resourceVersion when we looked: a change is worth another look.
     resource_version: String,
     at: Millis,
+    /// When it was first seen re-created from the update revision (our clock, read
+    /// after the answer came: never earlier than the creation).
+    seen_at: Option<Millis>,
     settled: bool,
 }
 
@@ -66,7 +68,6 @@ pub(super) struct PartitionReleaser {
     state: Arc<AppState>,
     identity: String,
     event_interval: Millis,
-    charged: Charged,
     checks: HashMap<String, PodCheck>,
     failed: HashMap<String, Failed>,
     events_sent: HashMap<(String, Arc<str>), Millis>,
@@ -118,7 +119,6 @@ impl PartitionReleaser {
             state,
             identity: config.lease.identity.clone(),
             event_interval: config.event_interval.as_millis() as Millis,
-            charged: Charged::default(),
             checks: HashMap::new(),
             failed: HashMap::new(),
             events_sent: HashMap::new(),
@@ -209,41 +209,32 @@ impl PartitionReleaser {
         let looked = self
             .look_at_released_pods(&mut held, &held_objects, leadership, now)
             .await;
-
-        self.charged.prune(&policy, now);
-        let (plan, seeded) = {
-            let mut limiter = self.state.limiter();
-            let seeded = seed_steps(
-                &mut limiter,
-                &policy,
-                &held,
-                &records,
-                &mut self.charged,
-                now,
-            );
-            let plan = plan_steps(
-                &StepInputs {
-                    held: &held,
-                    records: &records,
-                    policy: &policy,
-                    now,
-                    max_moves: MAX_RELEASES_PER_ROUND,
-                },
-                &mut limiter,
-            );
-            (plan, seeded)
-        };
+        // Times seen while looking are later than `now`; plan after them.
+        let now = now_millis().max(now);
+        let plan = plan_steps(&StepInputs {
+            held: &held,
+            records: &records,
+            policy: &policy,
+            now,
+            max_moves: MAX_RELEASES_PER_ROUND,
+        });
         if first {
+            let recorded: usize = held
+                .iter()
+                .map(|s| s.stepped_at.len())
+                .chain(records.iter().map(|r| r.stepped_at.len()))
+                .sum();
+            let in_flight = held
+                .iter()
+                .filter(|s| s.released == Released::InFlight)
+                .count();
             tracing::info!(
                 held = held.len(),
                 records = records.len(),
-                seeded,
-                "releaser: leading; held StatefulSets rebuilt from the cluster and windows seeded from partition-stepped-at"
-            );
-        } else if seeded > 0 {
-            tracing::info!(
-                seeded,
-                "releaser: seeded partition steps seen on StatefulSets into the windows"
+                recorded_steps = recorded,
+                in_flight,
+                in_window = plan.in_window.values().copied().max().unwrap_or(0),
+                "releaser: leading; held StatefulSets rebuilt from the cluster, windows from partition-stepped-at and the pods in flight"
             );
         }
         self.publish_gauges(&policy, &plan);
@@ -259,48 +250,26 @@ impl PartitionReleaser {
                     from,
                     to,
                     why,
+                    record,
                     ..
-                } => {
-                    let times = (*why == StepWhy::Rate).then(|| {
-                        self.charged.insert(&charge_key(&set.uid, now), now);
-                        let window = partition_rule(&policy, &set.rule).map_or(0, |r| {
-                            r.limits
-                                .iter()
-                                .map(|l| l.window.as_millis() as Millis)
-                                .max()
-                                .unwrap_or(0)
-                        });
-                        stepped_at_after(&set.stepped_at, window, now)
-                    });
-                    (
-                        step_patch(&set.resource_version, *to, times.as_deref()),
-                        JobKind::Step {
-                            from: *from,
-                            to: *to,
-                            why: *why,
-                        },
-                        rule,
-                    )
-                }
-                Move::Finish {
-                    rule, keep_record, ..
                 } => (
-                    finish_patch(&set.resource_version, &annotations, *keep_record),
+                    step_patch(&set.resource_version, *to, record.as_deref()),
+                    JobKind::Step {
+                        from: *from,
+                        to: *to,
+                        why: *why,
+                    },
+                    rule,
+                ),
+                Move::Finish { rule, record, .. } => (
+                    finish_patch(&set.resource_version, &annotations, record),
                     JobKind::Finish,
                     rule,
                 ),
                 Move::LetGo {
-                    rule,
-                    why,
-                    keep_record,
-                    ..
+                    rule, why, record, ..
                 } => (
-                    let_go_patch(
-                        &set.resource_version,
-                        set.partition,
-                        &annotations,
-                        *keep_record,
-                    ),
+                    let_go_patch(&set.resource_version, set.partition, &annotations, record),
                     JobKind::LetGo(*why),
                     rule,
                 ),
@@ -346,7 +315,9 @@ impl PartitionReleaser {
             .await;
 
         // A pod still starting is looked at again soon even if nothing changes.
-        let pending = held.iter().any(|s| s.released == Released::Pending);
+        let pending = held
+            .iter()
+            .any(|s| matches!(s.released, Released::InFlight | Released::Starting { .. }));
         let mut wake = plan.wake_at;
         if pending {
             let again = now + RECHECK_MS;
@@ -359,8 +330,9 @@ impl PartitionReleaser {
     }
 
     /// Looks at the pod each held set's last step released (one GET per set whose
-    /// object changed since the last look, or after RECHECK_MS) and marks it Settled
-    /// or Pending. Returns false when some were left for the next round.
+    /// object changed since the last look, or after RECHECK_MS) and marks it in flight,
+    /// starting (seen re-created) or settled. Returns false when some were left for the
+    /// next round.
     async fn look_at_released_pods(
         &mut self,
         held: &mut [HeldSet],
@@ -371,23 +343,27 @@ impl PartitionReleaser {
         let mut todo: Vec<(usize, String, String)> = Vec::new();
         let mut complete = true;
         for (index, set) in held.iter_mut().enumerate() {
-            if set.released != Released::Pending {
+            if set.released == Released::None {
                 continue;
             }
             let object = &objects[index];
             let Some(revision) = update_revision(object) else {
                 continue;
             };
-            if let Some(check) = self.checks.get(&set.uid) {
-                if check.partition == set.partition && check.revision == revision {
-                    if check.settled {
-                        set.released = Released::Settled;
-                        continue;
-                    }
-                    if check.resource_version == set.resource_version && now < check.at + RECHECK_MS
-                    {
-                        continue;
-                    }
+            if let Some(check) = self
+                .checks
+                .get(&set.uid)
+                .filter(|c| c.partition == set.partition && c.revision == revision)
+            {
+                set.released = match (check.seen_at, check.settled) {
+                    (Some(at), true) => Released::Settled { at },
+                    (Some(at), false) => Released::Starting { at },
+                    (None, _) => Released::InFlight,
+                };
+                let fresh =
+                    check.resource_version == set.resource_version && now < check.at + RECHECK_MS;
+                if check.settled || fresh {
+                    continue;
                 }
             }
             if todo.len() >= MAX_RELEASES_PER_ROUND {
@@ -406,7 +382,9 @@ impl PartitionReleaser {
         let client = self.client.clone();
         let metrics = self.state.metrics.clone();
         let held_ref: &[HeldSet] = held;
-        let results: Vec<(usize, String, Option<bool>)> = futures::stream::iter(todo)
+        // Per set: its index, the revision looked for, and what was seen when.
+        type Look = (usize, String, Option<(PodProgress, Millis)>);
+        let results: Vec<Look> = futures::stream::iter(todo)
             .map(|(index, pod, revision)| {
                 let client = client.clone();
                 let metrics = metrics.clone();
@@ -416,33 +394,48 @@ impl PartitionReleaser {
                         return (index, revision, None);
                     }
                     let api: Api<Pod> = Api::namespaced(client, &namespace);
-                    let settled = match within(CALL_TIMEOUT, api.get_opt(&pod)).await {
-                        Ok(Some(p)) => Some(pod_settled(&p, &revision)),
-                        Ok(None) => Some(false),
+                    let answer = within(CALL_TIMEOUT, api.get_opt(&pod)).await;
+                    // Read after the answer: never earlier than what it shows.
+                    let at = now_millis();
+                    let progress = match answer {
+                        Ok(Some(p)) => Some((pod_progress(&p, &revision), at)),
+                        Ok(None) => Some((PodProgress::NotUpdated, at)),
                         Err(e) => {
                             metrics
                                 .releaser_api_errors
                                 .with_label_values(&["get"])
                                 .inc();
                             tracing::debug!(pod = %format!("{namespace}/{pod}"), error = %e,
-                                "releaser: could not read the pod a partition step released");
+                                    "releaser: could not read the pod a partition step released");
                             None
                         }
                     };
-                    (index, revision, settled)
+                    (index, revision, progress)
                 }
             })
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        for (index, revision, settled) in results {
+        for (index, revision, progress) in results {
             let set = &mut held[index];
-            let Some(settled) = settled else {
+            let Some((progress, at)) = progress else {
                 continue;
             };
-            if settled {
-                set.released = Released::Settled;
-            }
+            let earlier = self
+                .checks
+                .get(&set.uid)
+                .filter(|c| c.partition == set.partition && c.revision == revision)
+                .and_then(|c| c.seen_at);
+            let seen_at = match progress {
+                PodProgress::NotUpdated => None,
+                PodProgress::Updated | PodProgress::Ready => Some(earlier.unwrap_or(at)),
+            };
+            let settled = progress == PodProgress::Ready;
+            set.released = match (seen_at, settled) {
+                (Some(at), true) => Released::Settled { at },
+                (Some(at), false) => Released::Starting { at },
+                (None, _) => Released::InFlight,
+            };
             self.checks.insert(
                 set.uid.clone(),
                 PodCheck {
@@ -450,6 +443,7 @@ impl PartitionReleaser {
                     revision,
                     resource_version: set.resource_version.clone(),
                     at: now,
+                    seen_at,
                     settled,
                 },
             );

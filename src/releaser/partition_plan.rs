@@ -1,5 +1,5 @@
 //! The step plan: which held StatefulSets to step down now, which to let go, and when
-//! to look again. Pure: the sets, the policy, the windows and `now` come in.
+//! to look again. Pure: the sets, the policy and `now` come in.
 //!
 //! A held set (annotation `partition-target`) moves in steps of one ordinal: a step lowers
 //! `rollingUpdate.partition` and the `partition-held` annotation together, which lets the
@@ -10,10 +10,21 @@
 //! namespace, least recently stepped first; both orders are read from the step times
 //! recorded on the sets, so they survive a restart. Moves that release no pod (nothing
 //! left to roll, the target reached, a set someone else took over) cost nothing.
+//!
+//! The windows count what a step causes, not when it was sent: the controller deletes
+//! and re-creates the pod some time later (measured up to 2 s after a mass update), and
+//! that delay varies, so steps spaced by the limit would not keep deletions within it.
+//! A step therefore counts in its rule's windows at "now" from the moment it is taken
+//! until its pod is seen re-created, and from then on at the time it was seen, which is
+//! never earlier than the deletion and the creation it caused. Then no window of
+//! deletions, of creations or of steps can hold more than the limit. The windows are
+//! rebuilt every round from the sets (the times recorded in `partition-stepped-at`, the
+//! pods in flight), so a restart or a failover opens no burst. The webhook never charges
+//! a partition rule, so nothing else shares these windows.
 
-use super::plan::{longest_window, Charged};
-use crate::limiter::{Limiter, Millis};
-use crate::policy::{Action, Policy, Rule};
+use super::plan::longest_window;
+use crate::limiter::Millis;
+use crate::policy::{Action, Policy, Rule, Scope};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -26,10 +37,26 @@ pub const MAX_STEP_RECORDS: usize = 100;
 pub enum Released {
     /// The partition is at or above `replicas`: no pod has been released.
     None,
-    /// Updated (its revision is the set's update revision) and Ready.
-    Settled,
-    /// Not yet updated, not Ready, missing, or not looked at yet.
-    Pending,
+    /// Not yet seen re-created from the update revision (or not looked at yet).
+    InFlight,
+    /// Seen re-created from the update revision at `at`, not Ready yet.
+    Starting { at: Millis },
+    /// Updated and Ready; seen re-created at `at`.
+    Settled { at: Millis },
+}
+
+impl Released {
+    /// When the step's pod was seen re-created: the step's time in the windows.
+    fn seen_at(self) -> Option<Millis> {
+        match self {
+            Released::Starting { at } | Released::Settled { at } => Some(at),
+            Released::None | Released::InFlight => None,
+        }
+    }
+
+    fn settled(self) -> bool {
+        matches!(self, Released::None | Released::Settled { .. })
+    }
 }
 
 /// A StatefulSet churn-throttler holds, as read from the cluster.
@@ -49,7 +76,8 @@ pub struct HeldSet {
     pub target: Option<u32>,
     /// `partition-held`; None when missing or unreadable.
     pub held: Option<u32>,
-    /// `partition-stepped-at`, oldest first.
+    /// `partition-stepped-at`: when the pods of earlier steps were seen re-created,
+    /// oldest first (the last step's time is in `released` until the next write).
     pub stepped_at: Vec<Millis>,
     /// `partition-held-since`.
     pub held_since: Option<Millis>,
@@ -63,7 +91,20 @@ pub struct HeldSet {
 
 impl HeldSet {
     fn last_step(&self) -> Millis {
-        self.stepped_at.last().copied().unwrap_or(0)
+        match self.released {
+            // A step in flight was taken just now, as far as order goes.
+            Released::InFlight => Millis::MAX,
+            r => r.seen_at().or(self.stepped_at.last().copied()).unwrap_or(0),
+        }
+    }
+
+    /// The times the set's steps count at in the windows (None: in flight, "now").
+    fn step_times(&self) -> impl Iterator<Item = Option<Millis>> + '_ {
+        let last = match self.released {
+            Released::InFlight => Some(None),
+            r => r.seen_at().map(Some),
+        };
+        self.stepped_at.iter().map(|&t| Some(t)).chain(last)
     }
 }
 
@@ -123,28 +164,30 @@ impl LetGoWhy {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Move {
-    /// Lower the partition and `partition-held` to `to`.
+    /// Lower the partition and `partition-held` to `to`; `record`: the new value of
+    /// `partition-stepped-at` when it changes.
     Step {
         index: usize,
         rule: Option<Arc<str>>,
         from: u32,
         to: u32,
         why: StepWhy,
+        record: Option<Vec<Millis>>,
     },
-    /// The target is reached and the last released pod is Ready: drop the hold.
-    /// `keep_record`: keep `paced-by` and `partition-stepped-at` until the steps leave
-    /// every window, so that seeding still sees them.
+    /// The target is reached and the last released pod is Ready: drop the hold. The
+    /// step times still inside a window stay (`record`, with `paced-by`) until they leave
+    /// it; an empty record drops those annotations too.
     Finish {
         index: usize,
         rule: Option<Arc<str>>,
-        keep_record: bool,
+        record: Vec<Millis>,
     },
-    /// Stop pacing without touching the partition.
+    /// Stop pacing without touching the partition; `record` as for Finish.
     LetGo {
         index: usize,
         rule: Option<Arc<str>>,
         why: LetGoWhy,
-        keep_record: bool,
+        record: Vec<Millis>,
     },
 }
 
@@ -160,8 +203,12 @@ impl Move {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blocked {
+    /// The rule's windows are full (of steps seen, or of steps in flight).
     Rate,
-    NotReady { not_ready: u32, max: u32 },
+    NotReady {
+        not_ready: u32,
+        max: u32,
+    },
 }
 
 /// Sets of one rule in one namespace that could step but wait for the rule.
@@ -173,7 +220,8 @@ pub struct Waiting {
     /// Index of the set that goes next here (the one an Event is attached to).
     pub head: usize,
     pub blocked: Blocked,
-    /// Estimated wait for the next step here (None: waits on readiness).
+    /// Estimated wait for the next step here (None: waits until pods of earlier steps
+    /// are re-created, or Ready).
     pub next_in_ms: Option<Millis>,
     /// Held sets of the rule in the whole cluster, and pods their steps still release.
     pub rule_sets: usize,
@@ -193,6 +241,8 @@ pub struct StepPlan {
     pub not_ready: HashMap<Arc<str>, u32>,
     /// Held sets per rule ("" for sets no rule paces).
     pub held: HashMap<Arc<str>, usize>,
+    /// Steps in the fullest window of each rule after the plan (in flight included).
+    pub in_window: HashMap<Arc<str>, u32>,
 }
 
 pub struct StepInputs<'a> {
@@ -230,98 +280,170 @@ fn window_for(policy: &Policy, rule: &str) -> Millis {
         .unwrap_or_else(|| longest_window(policy))
 }
 
-/// Step times still inside the window at `now`.
-fn in_window(times: &[Millis], window: Millis, now: Millis) -> impl Iterator<Item = Millis> + '_ {
-    times
+/// The value of `partition-stepped-at` to write now: the recorded times and the last
+/// step's (if its pod was seen re-created) that are still inside `window`, newest
+/// `MAX_STEP_RECORDS` at most.
+pub fn record_now(set: &HeldSet, window: Millis, now: Millis) -> Vec<Millis> {
+    let mut kept: Vec<Millis> = set
+        .stepped_at
         .iter()
         .copied()
-        .filter(move |&t| t.min(now) + window > now)
-}
-
-/// The `partition-stepped-at` value after a step at `now`: the times still in the window,
-/// then `now`, newest `MAX_STEP_RECORDS` at most.
-pub fn stepped_at_after(times: &[Millis], window: Millis, now: Millis) -> Vec<Millis> {
-    let mut kept: Vec<Millis> = in_window(times, window, now).collect();
-    kept.push(now);
+        .chain(set.released.seen_at())
+        .filter(|&t| t.min(now) + window > now)
+        .collect();
+    kept.sort_unstable();
+    kept.dedup();
     let skip = kept.len().saturating_sub(MAX_STEP_RECORDS);
     kept.split_off(skip)
 }
 
-/// The key under which a step is remembered as charged.
-pub fn charge_key(uid: &str, at: Millis) -> String {
-    format!("{uid}@{at}")
+/// The steps a rule's windows hold, per limit and scope key: the times they were seen
+/// re-created, and how many are still in flight (they count as "now").
+struct Windows<'r> {
+    rule: &'r Rule,
+    seen: Vec<HashMap<Option<String>, Vec<Millis>>>,
+    in_flight: Vec<HashMap<Option<String>, u32>>,
 }
 
-/// Rebuilds the windows from the step times recorded on held sets and records: each
-/// step still inside its rule's window, not already charged by this process, is charged
-/// at its recorded time. Returns how many were charged.
-pub fn seed_steps(
-    limiter: &mut Limiter,
-    policy: &Policy,
-    held: &[HeldSet],
-    records: &[Record],
-    charged: &mut Charged,
-    now: Millis,
-) -> usize {
-    let sets = held
-        .iter()
-        .map(|s| (&s.namespace, &s.uid, &s.rule, &s.stepped_at))
-        .chain(
-            records
-                .iter()
-                .map(|r| (&r.namespace, &r.uid, &r.rule, &r.stepped_at)),
-        );
-    let mut todo: Vec<(Millis, &str, &str, &Rule)> = Vec::new();
-    for (namespace, uid, rule, times) in sets {
-        let Some(rule) = partition_rule(policy, rule) else {
-            continue;
-        };
-        for at in in_window(times, rule_window(rule), now) {
-            if !charged.contains(&charge_key(uid, at)) {
-                todo.push((at.min(now), namespace, uid, rule));
+impl<'r> Windows<'r> {
+    fn new(rule: &'r Rule) -> Self {
+        Windows {
+            rule,
+            seen: vec![HashMap::new(); rule.limits.len()],
+            in_flight: vec![HashMap::new(); rule.limits.len()],
+        }
+    }
+
+    fn key(scope: Scope, namespace: &str) -> Option<String> {
+        match scope {
+            Scope::Global => None,
+            // Owner scope is refused for partition rules by the policy; a namespace is
+            // the closest safe reading.
+            Scope::Namespace | Scope::Owner => Some(namespace.to_string()),
+        }
+    }
+
+    /// Counts a step of `namespace`: seen at `at`, or in flight (None).
+    fn add(&mut self, namespace: &str, at: Option<Millis>) {
+        for (i, limit) in self.rule.limits.iter().enumerate() {
+            let key = Self::key(limit.scope, namespace);
+            match at {
+                Some(t) => self.seen[i].entry(key).or_default().push(t),
+                None => *self.in_flight[i].entry(key).or_insert(0) += 1,
             }
         }
     }
-    // In time order, so every window is exact.
-    todo.sort_by(|a, b| (a.0, a.2).cmp(&(b.0, b.2)));
-    for (at, namespace, uid, rule) in &todo {
-        limiter.record(&rule.name, &rule.limits, namespace, Some(uid), *at, 1);
-        charged.insert(&charge_key(uid, *at), *at);
+
+    /// Ok when one more step of `namespace` fits every limit now; else when it will
+    /// (None: only once a step in flight is seen re-created).
+    fn room(&self, namespace: &str, now: Millis) -> Result<(), Option<Millis>> {
+        let mut wake: Option<Millis> = Some(now);
+        let mut fits = true;
+        for (i, limit) in self.rule.limits.iter().enumerate() {
+            let key = Self::key(limit.scope, namespace);
+            let window = limit.window.as_millis() as Millis;
+            let events = limit.events as usize;
+            let flying = self.in_flight[i].get(&key).copied().unwrap_or(0) as usize;
+            let mut seen: Vec<Millis> = self.seen[i]
+                .get(&key)
+                .map(|times| {
+                    times
+                        .iter()
+                        .map(|&t| t.min(now))
+                        .filter(|&t| t + window > now)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if seen.len() + flying < events {
+                continue;
+            }
+            fits = false;
+            if flying >= events {
+                wake = None;
+                continue;
+            }
+            // The oldest seen steps must leave until one more fits.
+            seen.sort_unstable();
+            let leave = seen.len() + flying + 1 - events;
+            let at = seen[leave - 1] + window;
+            wake = wake.map(|w| w.max(at));
+        }
+        if fits {
+            Ok(())
+        } else {
+            Err(wake)
+        }
     }
-    todo.len()
+
+    /// Steps in the fullest window now, for metrics.
+    fn fullest(&self, now: Millis) -> u32 {
+        let mut fullest = 0;
+        for (i, limit) in self.rule.limits.iter().enumerate() {
+            let window = limit.window.as_millis() as Millis;
+            let keys = self.seen[i].keys().chain(self.in_flight[i].keys());
+            for key in keys {
+                let seen = self.seen[i].get(key).map_or(0, |times| {
+                    times.iter().filter(|&&t| t.min(now) + window > now).count()
+                });
+                let flying = self.in_flight[i].get(key).copied().unwrap_or(0) as usize;
+                fullest = fullest.max((seen + flying) as u32);
+            }
+        }
+        fullest
+    }
 }
 
-/// Decides this round's moves and charges each step at the rate in `limiter` at `now`.
-pub fn plan_steps(inputs: &StepInputs<'_>, limiter: &mut Limiter) -> StepPlan {
+/// Decides this round's moves.
+pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
     let now = inputs.now;
     let policy = inputs.policy;
     let mut out = StepPlan::default();
     let mut free: Vec<Move> = Vec::new();
+    let mut windows: BTreeMap<Arc<str>, Windows<'_>> = policy
+        .rules
+        .iter()
+        .filter(|r| r.action == Action::Partition)
+        .map(|r| (r.name.clone(), Windows::new(r)))
+        .collect();
     // Per rule: candidate sets for a step at the rate.
     let mut candidates: BTreeMap<Arc<str>, Vec<usize>> = BTreeMap::new();
     let mut not_ready: HashMap<Arc<str>, u32> = HashMap::new();
     let mut remaining: HashMap<Arc<str>, (usize, u64)> = HashMap::new();
+
+    for record in inputs.records {
+        if let Some(rule) = partition_rule(policy, &record.rule) {
+            if let Some(w) = windows.get_mut(&rule.name) {
+                for &t in &record.stepped_at {
+                    w.add(&record.namespace, Some(t));
+                }
+            }
+        }
+    }
 
     for (index, set) in inputs.held.iter().enumerate() {
         let rule = partition_rule(policy, &set.rule);
         let name: Option<Arc<str>> = rule.map(|r| r.name.clone());
         let key = name.clone().unwrap_or_else(|| Arc::from(""));
         *out.held.entry(key.clone()).or_insert(0) += 1;
-        let keep_record = in_window(&set.stepped_at, window_for(policy, &set.rule), now)
-            .next()
-            .is_some();
+        if let Some(w) = windows.get_mut(&key) {
+            for t in set.step_times() {
+                w.add(&set.namespace, t);
+            }
+        }
+        let not_settled = !set.released.settled();
+        if not_settled && rule.is_some() {
+            *not_ready.entry(key.clone()).or_insert(0) += 1;
+        }
+        if set.backoff {
+            continue;
+        }
+        let record = record_now(set, window_for(policy, &set.rule), now);
         let let_go = |why| Move::LetGo {
             index,
             rule: name.clone(),
             why,
-            keep_record,
+            record: record.clone(),
         };
-        if set.backoff {
-            if set.released == Released::Pending && rule.is_some() {
-                *not_ready.entry(key).or_insert(0) += 1;
-            }
-            continue;
-        }
         let Some(target) = set.target else {
             free.push(let_go(LetGoWhy::Unreadable));
             continue;
@@ -335,7 +457,7 @@ pub fn plan_steps(inputs: &StepInputs<'_>, limiter: &mut Limiter) -> StepPlan {
             continue;
         }
         let effective = set.partition.min(set.replicas);
-        let pending = set.released == Released::Pending;
+        let changed = (record != set.stepped_at).then(|| record.clone());
         if rule.is_none() {
             free.push(if set.partition > target {
                 Move::Step {
@@ -344,33 +466,29 @@ pub fn plan_steps(inputs: &StepInputs<'_>, limiter: &mut Limiter) -> StepPlan {
                     from: set.partition,
                     to: target,
                     why: StepWhy::RuleGone,
+                    record: None,
                 }
             } else {
                 Move::Finish {
                     index,
                     rule: None,
-                    keep_record: false,
+                    record: Vec::new(),
                 }
             });
             continue;
         }
-        if pending {
-            *not_ready.entry(key.clone()).or_insert(0) += 1;
-        }
         let left = remaining.entry(key.clone()).or_insert((0, 0));
         left.0 += 1;
         left.1 += u64::from(effective.saturating_sub(target));
-        if set.partition <= target {
-            if !pending {
-                free.push(Move::Finish {
-                    index,
-                    rule: name.clone(),
-                    keep_record,
-                });
-            }
+        if not_settled {
             continue;
         }
-        if pending {
+        if set.partition <= target {
+            free.push(Move::Finish {
+                index,
+                rule: name.clone(),
+                record,
+            });
             continue;
         }
         if set.nothing_to_roll || effective <= target {
@@ -380,6 +498,7 @@ pub fn plan_steps(inputs: &StepInputs<'_>, limiter: &mut Limiter) -> StepPlan {
                 from: set.partition,
                 to: target,
                 why: StepWhy::NothingToRoll,
+                record: changed,
             });
             continue;
         }
@@ -406,53 +525,51 @@ pub fn plan_steps(inputs: &StepInputs<'_>, limiter: &mut Limiter) -> StepPlan {
 
     // Namespaces least recently served first, from the step times on every set.
     let mut last_served: HashMap<&str, Millis> = HashMap::new();
-    let sets = inputs
+    let served = inputs
         .held
         .iter()
-        .map(|s| (&s.namespace, &s.stepped_at))
-        .chain(inputs.records.iter().map(|r| (&r.namespace, &r.stepped_at)));
-    for (namespace, times) in sets {
-        let last = times.iter().copied().max().unwrap_or(0);
-        let entry = last_served.entry(namespace.as_str()).or_insert(0);
+        .map(|s| (s.namespace.as_str(), s.last_step()))
+        .chain(inputs.records.iter().map(|r| {
+            (
+                r.namespace.as_str(),
+                r.stepped_at.iter().copied().max().unwrap_or(0),
+            )
+        }));
+    for (namespace, last) in served {
+        let entry = last_served.entry(namespace).or_insert(0);
         *entry = (*entry).max(last);
     }
 
-    for rule in policy
-        .rules
-        .iter()
-        .filter(|r| r.action == Action::Partition)
-    {
-        let Some(indices) = candidates.remove(&rule.name) else {
-            continue;
-        };
-        let not_ready = not_ready.entry(rule.name.clone()).or_insert(0);
-        let (rule_sets, rule_pods) = remaining.get(&rule.name).copied().unwrap_or((0, 0));
-        plan_rule(
-            rule,
-            indices,
-            inputs,
-            &last_served,
-            limiter,
-            not_ready,
-            (rule_sets, rule_pods),
-            &mut out,
-        );
+    for (name, windows) in windows.iter_mut() {
+        if let Some(indices) = candidates.remove(name) {
+            let not_ready = not_ready.entry(name.clone()).or_insert(0);
+            let left = remaining.get(name).copied().unwrap_or((0, 0));
+            plan_rule(
+                indices,
+                inputs,
+                &last_served,
+                windows,
+                not_ready,
+                left,
+                &mut out,
+            );
+        }
+        out.in_window.insert(name.clone(), windows.fullest(now));
     }
     out.not_ready = not_ready;
     out
 }
 
-#[allow(clippy::too_many_arguments)]
 fn plan_rule(
-    rule: &Rule,
     indices: Vec<usize>,
     inputs: &StepInputs<'_>,
     last_served: &HashMap<&str, Millis>,
-    limiter: &mut Limiter,
+    windows: &mut Windows<'_>,
     not_ready: &mut u32,
     (rule_sets, rule_pods): (usize, u64),
     out: &mut StepPlan,
 ) {
+    let rule = windows.rule;
     let held = inputs.held;
     let now = inputs.now;
     let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
@@ -476,7 +593,7 @@ fn plan_rule(
         .iter()
         .map(|n| lanes.remove(n).unwrap_or_default())
         .collect();
-    let mut blocked = vec![false; lanes.len()];
+    let mut blocked: Vec<Option<Option<Millis>>> = vec![None; lanes.len()];
     let mut blocked_by_readiness = false;
 
     'rounds: loop {
@@ -485,7 +602,7 @@ fn plan_rule(
             let Some(&index) = lane.last() else {
                 continue;
             };
-            if blocked[lane_no] {
+            if blocked[lane_no].is_some() {
                 continue;
             }
             if let Some(max) = rule.max_not_ready {
@@ -499,40 +616,29 @@ fn plan_rule(
                 break 'rounds;
             }
             let set = &held[index];
-            let at = limiter.earliest(
-                &rule.name,
-                &rule.limits,
-                &set.namespace,
-                Some(&set.uid),
-                1,
-                now,
-            );
-            if at > now {
-                blocked[lane_no] = true;
-                out.wake_at = Some(out.wake_at.map_or(at, |w| w.min(at)));
+            if let Err(wake) = windows.room(&set.namespace, now) {
+                blocked[lane_no] = Some(wake);
+                if let Some(at) = wake {
+                    out.wake_at = Some(out.wake_at.map_or(at, |w| w.min(at)));
+                }
                 continue;
             }
             lane.pop();
-            limiter.record(
-                &rule.name,
-                &rule.limits,
-                &set.namespace,
-                Some(&set.uid),
-                now,
-                1,
-            );
+            windows.add(&set.namespace, None);
             let target = set.target.unwrap_or(0);
             let to = set
                 .partition
                 .min(set.replicas)
                 .saturating_sub(1)
                 .max(target);
+            let record = record_now(set, rule_window(rule), now);
             out.moves.push(Move::Step {
                 index,
                 rule: Some(rule.name.clone()),
                 from: set.partition,
                 to,
                 why: StepWhy::Rate,
+                record: (record != set.stepped_at).then_some(record),
             });
             *not_ready += 1;
             progress = true;
@@ -556,16 +662,11 @@ fn plan_rule(
                 None,
             )
         } else {
-            let set = &held[head];
-            let at = limiter.earliest(
-                &rule.name,
-                &rule.limits,
-                &set.namespace,
-                Some(&set.uid),
-                1,
-                now,
-            );
-            (Blocked::Rate, Some(at.saturating_sub(now)))
+            let wake = match windows.room(&held[head].namespace, now) {
+                Ok(()) => Some(now),
+                Err(wake) => wake,
+            };
+            (Blocked::Rate, wake.map(|at| at.saturating_sub(now)))
         };
         out.waiting.push(Waiting {
             rule: rule.name.clone(),

@@ -1,5 +1,4 @@
 use super::*;
-use crate::limiter::Limiter;
 use crate::policy::Policy;
 
 const POLICY: &str = r#"
@@ -49,27 +48,26 @@ fn set(namespace: &str, name: &str) -> HeldSet {
 }
 
 /// The same set after `steps` steps, its last released pod in state `released`.
-fn stepped(mut s: HeldSet, steps: u32, released: Released, last_at: Millis) -> HeldSet {
+fn stepped(mut s: HeldSet, steps: u32, released: Released) -> HeldSet {
     s.partition -= steps;
     s.held = Some(s.partition);
     s.released = released;
-    s.stepped_at = vec![last_at];
     s
+}
+
+fn settled(at: Millis) -> Released {
+    Released::Settled { at }
 }
 
 fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Millis) -> StepPlan {
     let policy = policy(yaml);
-    let mut limiter = Limiter::new(1_000);
-    plan_steps(
-        &StepInputs {
-            held,
-            records,
-            policy: &policy,
-            now,
-            max_moves: 100,
-        },
-        &mut limiter,
-    )
+    plan_steps(&StepInputs {
+        held,
+        records,
+        policy: &policy,
+        now,
+        max_moves: 100,
+    })
 }
 
 /// One-line descriptions of the moves, for table comparisons.
@@ -79,17 +77,25 @@ fn described(plan: &StepPlan, held: &[HeldSet]) -> Vec<String> {
         .map(|m| {
             let s = &held[m.index()];
             match m {
-                Move::Step { from, to, why, .. } => {
-                    format!("{}: step {from}->{to} {}", s.name, why.as_str())
+                Move::Step {
+                    from,
+                    to,
+                    why,
+                    record,
+                    ..
+                } => format!(
+                    "{}: step {from}->{to} {}{}",
+                    s.name,
+                    why.as_str(),
+                    record
+                        .as_ref()
+                        .map(|r| format!(" record {r:?}"))
+                        .unwrap_or_default()
+                ),
+                Move::Finish { record, .. } => format!("{}: finish record {record:?}", s.name),
+                Move::LetGo { why, record, .. } => {
+                    format!("{}: let go {} record {record:?}", s.name, why.as_str())
                 }
-                Move::Finish { keep_record, .. } => {
-                    format!(
-                        "{}: finish{}",
-                        s.name,
-                        if *keep_record { " +record" } else { "" }
-                    )
-                }
-                Move::LetGo { why, .. } => format!("{}: let go {}", s.name, why.as_str()),
             }
         })
         .collect()
@@ -106,54 +112,61 @@ fn table_of_single_sets() {
     // (case, set, policy, expected moves, not-ready after the plan)
     let cases: Vec<(&str, HeldSet, &str, Vec<&str>, u32)> = vec![
         (
-            "fresh hold: first step releases the highest ordinal",
+            "fresh hold: the first step releases the highest ordinal",
             set("shop", "db"),
             POLICY,
             vec!["db: step 3->2 rate"],
             1,
         ),
         (
-            "previous pod not Ready yet: wait, and it counts as not Ready",
-            stepped(set("shop", "db"), 1, Released::Pending, now - 1_000),
+            "the previous pod not yet re-created: wait; it counts as not Ready",
+            stepped(set("shop", "db"), 1, Released::InFlight),
             POLICY,
             vec![],
             1,
         ),
         (
-            "previous pod updated and Ready: next step",
-            stepped(set("shop", "db"), 1, Released::Settled, now - 1_000),
+            "the previous pod re-created, not Ready: wait",
+            stepped(set("shop", "db"), 1, Released::Starting { at: now - 500 }),
             POLICY,
-            vec!["db: step 2->1 rate"],
+            vec![],
             1,
         ),
         (
-            "target reached, last pod Ready, step inside the window: finish, keep the record",
-            stepped(set("shop", "db"), 3, Released::Settled, now - 1_000),
+            "the previous pod updated and Ready: next step, recording when it was re-created",
+            stepped(set("shop", "db"), 1, settled(now - 1_000)),
             POLICY,
-            vec!["db: finish +record"],
+            vec!["db: step 2->1 rate record [99000]"],
+            1,
+        ),
+        (
+            "target reached, last pod Ready, its step inside the window: finish, keep the record",
+            stepped(set("shop", "db"), 3, settled(now - 1_000)),
+            POLICY,
+            vec!["db: finish record [99000]"],
             0,
         ),
         (
-            "target reached, last step out of every window: finish, drop everything",
-            stepped(set("shop", "db"), 3, Released::Settled, now - 60_000),
+            "target reached, the steps out of every window: finish, drop everything",
+            stepped(set("shop", "db"), 3, settled(now - 60_000)),
             POLICY,
-            vec!["db: finish"],
+            vec!["db: finish record []"],
             0,
         ),
         (
             "target reached, last pod not Ready: keep holding",
-            stepped(set("shop", "db"), 3, Released::Pending, now - 1_000),
+            stepped(set("shop", "db"), 3, Released::Starting { at: now - 1_000 }),
             POLICY,
             vec![],
             1,
         ),
         (
-            "a writer's target 1 (e.g. a canary): stops at 1",
+            "a writer's target 1 (a canary): stops at 1",
             with(&|s| {
                 s.target = Some(1);
                 s.partition = 2;
                 s.held = Some(2);
-                s.released = Released::Settled;
+                s.released = settled(now - 20_000);
             }),
             POLICY,
             vec!["db: step 2->1 rate"],
@@ -163,28 +176,28 @@ fn table_of_single_sets() {
             "someone the webhook does not pace set the partition: let go, keep their value",
             with(&|s| s.partition = 0),
             POLICY,
-            vec!["db: let go partition-moved"],
+            vec!["db: let go partition-moved record []"],
             0,
         ),
         (
             "held annotation missing: let go",
             with(&|s| s.held = None),
             POLICY,
-            vec!["db: let go partition-moved"],
+            vec!["db: let go partition-moved record []"],
             0,
         ),
         (
             "strategy switched to OnDelete: let go",
             with(&|s| s.rolling_update = false),
             POLICY,
-            vec!["db: let go not-rolling-update"],
+            vec!["db: let go not-rolling-update record []"],
             0,
         ),
         (
             "unreadable target: let go",
             with(&|s| s.target = None),
             POLICY,
-            vec!["db: let go unreadable-target"],
+            vec!["db: let go unreadable-target record []"],
             0,
         ),
         (
@@ -214,7 +227,7 @@ fn table_of_single_sets() {
                 s.replicas = 5;
                 s.partition = 2;
                 s.held = Some(2);
-                s.released = Released::Settled;
+                s.released = settled(now - 20_000);
             }),
             POLICY,
             vec!["db: step 2->1 rate"],
@@ -226,7 +239,7 @@ fn table_of_single_sets() {
                 s.backoff = true;
                 s.partition = 2;
                 s.held = Some(2);
-                s.released = Released::Pending;
+                s.released = Released::InFlight;
             }),
             POLICY,
             vec![],
@@ -241,9 +254,9 @@ fn table_of_single_sets() {
         ),
         (
             "the policy paces no rollouts any more, at the target: finish without waiting",
-            stepped(set("shop", "db"), 3, Released::Pending, now - 1_000),
+            stepped(set("shop", "db"), 3, Released::InFlight),
             NO_PARTITION_RULE,
-            vec!["db: finish"],
+            vec!["db: finish record []"],
             0,
         ),
     ];
@@ -266,60 +279,137 @@ fn a_renamed_rule_hands_its_sets_to_the_first_partition_rule() {
         &plan.moves[..],
         [Move::Step { rule: Some(r), why: StepWhy::Rate, .. }] if &**r == "rollouts"
     ));
-    // A set naming the second rule is paced by it.
+    // Sets naming the second rule are paced by it: 1 per 10 s.
     let mut s = set("special", "db");
     s.rule = "other-rollouts".into();
-    let held = vec![s.clone(), s];
-    let plan = plan_at(&held, &[], POLICY, 0);
-    assert_eq!(plan.moves.len(), 1, "1 per 10s for other-rollouts");
+    let mut t = s.clone();
+    t.name = "db2".into();
+    let plan = plan_at(&[s, t], &[], POLICY, 0);
+    assert_eq!(plan.moves.len(), 1);
 }
 
 #[test]
-fn the_rate_holds_and_the_plan_wakes_when_the_window_opens() {
+fn a_step_counts_as_now_until_its_pod_is_seen_re_created() {
+    let yaml = POLICY.replace("maxNotReady: 3", "maxNotReady: 10");
     let held: Vec<HeldSet> = (0..5).map(|i| set("shop", &format!("db-{i}"))).collect();
-    let policy = policy(POLICY);
-    let mut limiter = Limiter::new(1_000);
-    let mut plan = |now: Millis, held: &[HeldSet]| {
-        plan_steps(
-            &StepInputs {
-                held,
-                records: &[],
-                policy: &policy,
-                now,
-                max_moves: 100,
-            },
-            &mut limiter,
-        )
-    };
-    let first = plan(1_000, &held);
-    assert_eq!(first.moves.len(), 2, "2 per 10s");
-    assert_eq!(first.wake_at, Some(11_000));
-    assert_eq!(first.waiting.len(), 1);
-    assert_eq!(first.waiting[0].sets, 3);
-    assert_eq!(first.waiting[0].blocked, Blocked::Rate);
-    assert_eq!(first.waiting[0].next_in_ms, Some(10_000));
-    assert_eq!(first.waiting[0].rule_pods, 15);
-    // The stepped sets now wait for their pods; the others still for the rate.
-    let mut next: Vec<HeldSet> = held.clone();
-    for m in &first.moves {
-        next[m.index()] = stepped(held[m.index()].clone(), 1, Released::Pending, 1_000);
+    let plan = plan_at(&held, &[], &yaml, 1_000);
+    assert_eq!(plan.moves.len(), 2, "2 per 10 s");
+    assert_eq!(plan.wake_at, None, "the window is full of steps in flight");
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!(plan.waiting[0].sets, 3);
+    assert_eq!(plan.waiting[0].blocked, Blocked::Rate);
+    assert_eq!(plan.waiting[0].next_in_ms, None);
+    assert_eq!(plan.waiting[0].rule_pods, 15);
+    assert_eq!(plan.in_window.get("rollouts"), Some(&2));
+
+    let mut next = held.clone();
+    let stepped_idx: Vec<usize> = plan.moves.iter().map(Move::index).collect();
+    for &i in &stepped_idx {
+        next[i] = stepped(held[i].clone(), 1, Released::InFlight);
     }
-    assert!(plan(5_000, &next).moves.is_empty());
-    // The window has room for 2 again, but maxNotReady (3) leaves room for 1.
-    assert_eq!(plan(11_000, &next).moves.len(), 1);
+    // Long after the step, still in flight: still counted, nothing goes.
+    assert!(plan_at(&next, &[], &yaml, 60_000).moves.is_empty());
+    // Seen re-created at 3 s and 4 s: they count there, so the window opens at 13 s.
+    next[stepped_idx[0]].released = Released::Starting { at: 3_000 };
+    next[stepped_idx[1]].released = Released::Starting { at: 4_000 };
+    let plan = plan_at(&next, &[], &yaml, 5_000);
+    assert!(plan.moves.is_empty());
+    assert_eq!(plan.wake_at, Some(13_000));
+    assert_eq!(plan.waiting[0].next_in_ms, Some(8_000));
+    let plan = plan_at(&next, &[], &yaml, 13_000);
+    assert_eq!(plan.moves.len(), 1, "one leaves at 13 s");
+    assert_eq!(plan.wake_at, Some(14_000));
+}
+
+/// The property the windows are for: whatever the controller's delay between a step and
+/// the deletion and creation it causes, no window holds more than the limit of either.
+#[test]
+fn no_window_of_deletions_or_creations_exceeds_the_limit_whatever_the_delays() {
+    let yaml = POLICY
+        .replace("events: 2", "events: 3")
+        .replace("maxNotReady: 3", "maxNotReady: 50");
+    for seed in 1..=20u64 {
+        let mut rng = seed;
+        let mut next = move |bound: u64| {
+            rng = rng
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (rng >> 33) % bound
+        };
+        let mut held: Vec<HeldSet> = (0..8)
+            .map(|i| set(&format!("ns-{}", i % 3), &format!("s{i}")))
+            .collect();
+        // Per set, the current step's pod: (deleted at, created at, seen at).
+        let mut pending: Vec<Option<(Millis, Millis, Millis)>> = vec![None; held.len()];
+        let (mut deletions, mut creations, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+        let mut now = 0;
+        while now < 600_000 {
+            for (i, s) in held.iter_mut().enumerate() {
+                if let Some((_, _, seen)) = pending[i] {
+                    if seen <= now {
+                        let ready = seen + next(2_000);
+                        s.released = if ready <= now {
+                            pending[i] = None;
+                            Released::Settled { at: seen }
+                        } else {
+                            Released::Starting { at: seen }
+                        };
+                    }
+                }
+            }
+            let plan = plan_at(&held, &[], &yaml, now);
+            for m in &plan.moves {
+                if let Move::Step {
+                    index, to, record, ..
+                } = m
+                {
+                    let s = &mut held[*index];
+                    if let Some(r) = record {
+                        s.stepped_at = r.clone();
+                    }
+                    s.partition = *to;
+                    s.held = Some(*to);
+                    s.released = Released::InFlight;
+                    let deleted = now + next(3_000);
+                    let created = deleted + next(1_500);
+                    let seen = created + next(300);
+                    pending[*index] = Some((deleted, created, seen));
+                    deletions.push(deleted);
+                    creations.push(created);
+                    steps.push(now);
+                }
+            }
+            now += 1 + next(700);
+        }
+        for (what, times) in [
+            ("deletions", &mut deletions),
+            ("creations", &mut creations),
+            ("steps", &mut steps),
+        ] {
+            times.sort_unstable();
+            for (i, &t) in times.iter().enumerate() {
+                let in_window = times[i..].iter().take_while(|&&u| u < t + 10_000).count();
+                assert!(
+                    in_window <= 3,
+                    "seed {seed}: {in_window} {what} in the window from {t}"
+                );
+            }
+        }
+        assert_eq!(steps.len(), 24, "seed {seed}: every pod rolled");
+    }
 }
 
 #[test]
 fn namespaces_take_turns_and_sets_least_recently_stepped_go_first() {
     let now = 100_000;
     let mut held = vec![
-        stepped(set("a", "a1"), 1, Released::Settled, now - 3_000),
-        stepped(set("a", "a2"), 1, Released::Settled, now - 5_000),
+        stepped(set("a", "a1"), 1, settled(now - 13_000)),
+        stepped(set("a", "a2"), 1, settled(now - 15_000)),
         set("a", "a3"),
         set("b", "b1"),
     ];
     held[2].held_since = Some(now - 1_000);
-    // b was served last (a record of a set in b that finished a second ago): a goes first.
+    // b was served last (a set in b that finished a second ago): a goes first.
     let records = vec![Record {
         namespace: "b".into(),
         name: "old".into(),
@@ -327,17 +417,18 @@ fn namespaces_take_turns_and_sets_least_recently_stepped_go_first() {
         rule: "rollouts".into(),
         stepped_at: vec![now - 1_000],
     }];
-    let plan = plan_at(&held, &records, POLICY, now);
+    let roomy = |events: u32| {
+        POLICY
+            .replace("events: 2", &format!("events: {events}"))
+            .replace("maxNotReady: 3", "maxNotReady: 10")
+    };
+    let plan = plan_at(&held, &records, &roomy(3), now);
     assert_eq!(
         described(&plan, &held),
         vec!["a3: step 3->2 rate", "b1: step 3->2 rate"],
-        "a's never-stepped set first, then b's turn"
+        "the record in b takes a place in the window; a's never-stepped set first, then b"
     );
-    // With room for 4 (two rounds), a's sets go least recently stepped first.
-    let roomy = POLICY
-        .replace("events: 2", "events: 4")
-        .replace("maxNotReady: 3", "maxNotReady: 10");
-    let plan = plan_at(&held, &records, &roomy, now);
+    let plan = plan_at(&held, &records, &roomy(5), now);
     assert_eq!(
         described(&plan, &held),
         vec![
@@ -347,23 +438,22 @@ fn namespaces_take_turns_and_sets_least_recently_stepped_go_first() {
             "a1: step 2->1 rate"
         ]
     );
-    // The record stays until its step leaves the window.
     assert_eq!(plan.cleanups, Vec::<usize>::new());
-    assert_eq!(plan.wake_at, Some(now + 9_000));
+    assert_eq!(plan.wake_at, Some(now + 9_000), "when the record leaves");
 }
 
 #[test]
 fn max_not_ready_counts_pods_released_by_steps() {
     let now = 100_000;
     let held = vec![
-        stepped(set("a", "p1"), 1, Released::Pending, now - 1_000),
-        stepped(set("a", "p2"), 1, Released::Pending, now - 1_000),
+        stepped(set("a", "p1"), 1, Released::Starting { at: now - 30_000 }),
+        stepped(set("a", "p2"), 1, Released::Starting { at: now - 30_000 }),
         set("b", "f1"),
         set("c", "f2"),
     ];
     let roomy = POLICY.replace("events: 2", "events: 50");
     let plan = plan_at(&held, &[], &roomy, now);
-    assert_eq!(plan.moves.len(), 1, "2 pending + 1 step = maxNotReady 3");
+    assert_eq!(plan.moves.len(), 1, "2 starting + 1 step = maxNotReady 3");
     assert_eq!(plan.not_ready.get("rollouts"), Some(&3));
     assert_eq!(plan.waiting.len(), 1);
     assert_eq!(
@@ -377,11 +467,13 @@ fn max_not_ready_counts_pods_released_by_steps() {
 }
 
 #[test]
-fn seeding_from_step_times_opens_no_burst_and_never_charges_twice() {
+fn a_restart_rebuilds_the_windows_from_the_sets_and_opens_no_burst() {
     let now = 100_000;
-    let policy = policy(POLICY);
+    // What a new leader finds: one set in flight, one whose last step was seen at -4 s
+    // (recorded or seen again now), a finished set's record at -2 s.
     let held = vec![
-        stepped(set("a", "s1"), 1, Released::Settled, now - 4_000),
+        stepped(set("a", "s1"), 1, Released::InFlight),
+        stepped(set("a", "s2"), 1, settled(now - 4_000)),
         set("b", "fresh"),
     ];
     let records = vec![Record {
@@ -391,41 +483,18 @@ fn seeding_from_step_times_opens_no_burst_and_never_charges_twice() {
         rule: "rollouts".into(),
         stepped_at: vec![now - 30_000, now - 2_000],
     }];
-    let mut limiter = Limiter::new(1_000);
-    let mut charged = Charged::default();
-    let seeded = seed_steps(&mut limiter, &policy, &held, &records, &mut charged, now);
-    assert_eq!(seeded, 2, "the two steps inside the 10 s window");
-    assert_eq!(
-        seed_steps(&mut limiter, &policy, &held, &records, &mut charged, now),
-        0,
-        "seeding again charges nothing twice"
-    );
-    let inputs = StepInputs {
-        held: &held,
-        records: &records,
-        policy: &policy,
-        now,
-        max_moves: 100,
-    };
-    let plan = plan_steps(&inputs, &mut limiter);
-    assert!(
-        plan.moves.is_empty(),
-        "the window is full: {:?}",
-        plan.moves
-    );
+    let roomy = POLICY
+        .replace("events: 2", "events: 3")
+        .replace("maxNotReady: 3", "maxNotReady: 10");
+    let plan = plan_at(&held, &records, &roomy, now);
+    assert!(plan.moves.is_empty(), "3 in the window: {:?}", plan.moves);
     assert_eq!(
         plan.wake_at,
         Some(now + 6_000),
-        "when the older step leaves"
+        "when the step seen at -4 s leaves"
     );
-    let plan = plan_steps(
-        &StepInputs {
-            now: now + 6_000,
-            ..inputs
-        },
-        &mut limiter,
-    );
-    assert_eq!(plan.moves.len(), 1);
+    let plan = plan_at(&held, &records, &roomy, now + 6_000);
+    assert_eq!(described(&plan, &held), vec!["fresh: step 3->2 rate"]);
 }
 
 #[test]
@@ -457,12 +526,12 @@ fn records_are_cleaned_up_once_their_steps_leave_every_window() {
 
 #[test]
 fn step_records_keep_the_window_and_are_bounded() {
-    assert_eq!(
-        stepped_at_after(&[1_000, 5_000, 9_000], 10_000, 12_000),
-        vec![5_000, 9_000, 12_000]
-    );
-    let many: Vec<Millis> = (0..150).collect();
-    let kept = stepped_at_after(&many, 10_000, 200);
+    let mut s = stepped(set("a", "s"), 1, settled(9_000));
+    s.stepped_at = vec![1_000, 5_000];
+    assert_eq!(record_now(&s, 10_000, 12_000), vec![5_000, 9_000]);
+    s.stepped_at = (0..150).collect();
+    s.released = settled(200);
+    let kept = record_now(&s, 10_000, 300);
     assert_eq!(kept.len(), MAX_STEP_RECORDS);
     assert_eq!(kept.last(), Some(&200));
 }
@@ -477,17 +546,13 @@ fn at_most_max_moves_per_round_then_again_at_once() {
         })
         .collect();
     let policy = policy(POLICY);
-    let mut limiter = Limiter::new(1_000);
-    let plan = plan_steps(
-        &StepInputs {
-            held: &held,
-            records: &[],
-            policy: &policy,
-            now: 7,
-            max_moves: 3,
-        },
-        &mut limiter,
-    );
+    let plan = plan_steps(&StepInputs {
+        held: &held,
+        records: &[],
+        policy: &policy,
+        now: 7,
+        max_moves: 3,
+    });
     assert_eq!(plan.moves.len(), 3);
     assert_eq!(plan.wake_at, Some(7));
     assert_eq!(plan.held.get("rollouts"), Some(&5));

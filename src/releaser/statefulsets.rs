@@ -102,8 +102,9 @@ pub fn view(sts: &StatefulSet) -> View {
         held: get(PARTITION_HELD_ANNOTATION).and_then(|v| v.trim().parse().ok()),
         stepped_at,
         held_since: get(PARTITION_HELD_SINCE_ANNOTATION).and_then(parse_time),
+        // The shell looks at the pod before planning; until then it is in flight.
         released: if partition < replicas {
-            Released::Pending
+            Released::InFlight
         } else {
             Released::None
         },
@@ -137,20 +138,37 @@ pub fn update_revision(sts: &StatefulSet) -> Option<&str> {
     status.update_revision.as_deref()
 }
 
-/// The released pod is done: made from the update revision, not being deleted, Ready.
-pub fn pod_settled(pod: &Pod, update_revision: &str) -> bool {
+/// How far the pod a step released has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodProgress {
+    /// Still the old pod (or being deleted, or gone).
+    NotUpdated,
+    /// Re-created from the update revision, not Ready yet.
+    Updated,
+    /// Re-created from the update revision and Ready.
+    Ready,
+}
+
+pub fn pod_progress(pod: &Pod, update_revision: &str) -> PodProgress {
     let updated = pod
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(REVISION_LABEL))
         .is_some_and(|r| r == update_revision);
+    if !updated || pod.metadata.deletion_timestamp.is_some() {
+        return PodProgress::NotUpdated;
+    }
     let ready = pod
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    updated && ready && pod.metadata.deletion_timestamp.is_none()
+    if ready {
+        PodProgress::Ready
+    } else {
+        PodProgress::Updated
+    }
 }
 
 pub fn parse_times(text: &str) -> Vec<Millis> {
@@ -209,10 +227,11 @@ fn remove_present<'a>(
 }
 
 /// One step: the partition and `partition-held` go to `to` together, which the
-/// webhook recognises as the releaser's step. A step at the rate also records its time.
-/// The test op makes the API server refuse the patch (HTTP 422) when the set changed
-/// since it was read: a conflict is retried on a later round, never overwritten.
-pub fn step_patch(resource_version: &str, to: u32, stepped_at: Option<&[Millis]>) -> Patch {
+/// webhook recognises as the releaser's step; `record`, when given, is the new value of
+/// `partition-stepped-at`. The test op makes the API server refuse the patch (HTTP 422)
+/// when the set changed since it was read: a conflict is retried on a later round,
+/// never overwritten.
+pub fn step_patch(resource_version: &str, to: u32, record: Option<&[Millis]>) -> Patch {
     let mut ops = vec![
         test_version(resource_version),
         add(PARTITION_PATH, json!(to)),
@@ -221,7 +240,7 @@ pub fn step_patch(resource_version: &str, to: u32, stepped_at: Option<&[Millis]>
             json!(to.to_string()),
         ),
     ];
-    if let Some(times) = stepped_at {
+    if let Some(times) = record {
         ops.push(add(
             &annotation_path(PARTITION_STEPPED_AT_ANNOTATION),
             json!(format_times(times)),
@@ -231,18 +250,28 @@ pub fn step_patch(resource_version: &str, to: u32, stepped_at: Option<&[Millis]>
 }
 
 /// The end of a hold at its target: the webhook lets this through because the partition
-/// already is the target. `keep_record` keeps `paced-by` and the step times for seeding.
+/// already is the target. A non-empty `record` (step times still inside a window) stays
+/// in `partition-stepped-at`, with `paced-by`, until it leaves the window.
 pub fn finish_patch(
     resource_version: &str,
     annotations: &BTreeMap<String, String>,
-    keep_record: bool,
+    record: &[Millis],
 ) -> Patch {
     let mut ops = vec![test_version(resource_version)];
     ops.extend(remove_present(annotations, HOLD_KEYS));
-    if !keep_record {
-        ops.extend(remove_present(annotations, RECORD_KEYS));
-    }
+    ops.extend(record_ops(annotations, record));
     Patch(ops)
+}
+
+fn record_ops(annotations: &BTreeMap<String, String>, record: &[Millis]) -> Vec<PatchOperation> {
+    if record.is_empty() {
+        remove_present(annotations, RECORD_KEYS)
+    } else {
+        vec![add(
+            &annotation_path(PARTITION_STEPPED_AT_ANNOTATION),
+            json!(format_times(record)),
+        )]
+    }
 }
 
 /// Stops pacing and leaves the partition as it is. Setting `partition-held` to the
@@ -253,7 +282,7 @@ pub fn let_go_patch(
     resource_version: &str,
     partition: u32,
     annotations: &BTreeMap<String, String>,
-    keep_record: bool,
+    record: &[Millis],
 ) -> Patch {
     let mut ops = vec![
         test_version(resource_version),
@@ -266,9 +295,7 @@ pub fn let_go_patch(
         annotations,
         [PARTITION_TARGET_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION],
     ));
-    if !keep_record {
-        ops.extend(remove_present(annotations, RECORD_KEYS));
-    }
+    ops.extend(record_ops(annotations, record));
     Patch(ops)
 }
 
@@ -339,7 +366,7 @@ mod tests {
                 assert_eq!(h.rule, "rollouts");
                 assert_eq!(h.stepped_at, vec![t0 + 5_500, t0 + 10_000], "sorted");
                 assert_eq!(h.held_since, Some(t0));
-                assert_eq!(h.released, Released::Pending);
+                assert_eq!(h.released, Released::InFlight);
                 assert!(h.rolling_update && !h.nothing_to_roll && !h.backoff);
                 assert_eq!(h.resource_version, "42");
             }
@@ -447,19 +474,31 @@ mod tests {
             }
             p
         };
-        // (case, pod, settled)
+        // (case, pod, progress)
         let cases = [
-            ("updated and Ready", pod("db-new", "True", false), true),
-            ("old revision, Ready", pod("db-old", "True", false), false),
-            ("updated, not Ready", pod("db-new", "False", false), false),
+            (
+                "updated and Ready",
+                pod("db-new", "True", false),
+                PodProgress::Ready,
+            ),
+            (
+                "old revision, Ready",
+                pod("db-old", "True", false),
+                PodProgress::NotUpdated,
+            ),
+            (
+                "updated, not Ready",
+                pod("db-new", "False", false),
+                PodProgress::Updated,
+            ),
             (
                 "updated, Ready, being deleted",
                 pod("db-new", "True", true),
-                false,
+                PodProgress::NotUpdated,
             ),
         ];
         for (case, p, want) in cases {
-            assert_eq!(pod_settled(&p, "db-new"), want, "{case}");
+            assert_eq!(pod_progress(&p, "db-new"), want, "{case}");
         }
     }
 
@@ -511,7 +550,7 @@ mod tests {
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default()
         };
-        let doc = apply(&s, &finish_patch("42", &a, true)).expect("applies");
+        let doc = apply(&s, &finish_patch("42", &a, &[1_500])).expect("applies");
         assert_eq!(
             keys(&doc),
             vec![
@@ -520,14 +559,18 @@ mod tests {
                 "other".to_string()
             ]
         );
-        let doc = apply(&s, &finish_patch("42", &a, false)).expect("applies");
+        assert_eq!(
+            doc["metadata"]["annotations"][PARTITION_STEPPED_AT_ANNOTATION],
+            "1970-01-01T00:00:01.500Z"
+        );
+        let doc = apply(&s, &finish_patch("42", &a, &[])).expect("applies");
         assert_eq!(keys(&doc), vec!["other".to_string()]);
         assert_eq!(
             doc["spec"]["updateStrategy"]["rollingUpdate"]["partition"],
             2
         );
 
-        let doc = apply(&s, &let_go_patch("42", 2, &a, false)).expect("applies");
+        let doc = apply(&s, &let_go_patch("42", 2, &a, &[])).expect("applies");
         assert_eq!(
             keys(&doc),
             vec![PARTITION_HELD_ANNOTATION.to_string(), "other".to_string()]

@@ -11,7 +11,7 @@ use crate::admission::{ChurnRequest, Endpoint, Verdict, GATE_NAME};
 use crate::limiter::{Identity, Limiter, Millis};
 use crate::policy::{Action, ChurnKind, Policy, Scope};
 use crate::releaser::partition_plan::{
-    plan_steps, stepped_at_after, HeldSet, Move, Released, StepInputs, StepWhy,
+    plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy,
 };
 use crate::releaser::plan::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
 use std::cmp::Reverse;
@@ -581,6 +581,12 @@ struct PartitionState {
     rule: usize,
     /// Real releasers: the held sets.
     held: Vec<u32>,
+    /// Real releasers: the step times finished sets keep until they leave the window.
+    records: Vec<Record>,
+    /// Model releaser: steps whose pod is not re-created yet, per namespace. Like the
+    /// real releaser, a step counts in the window from the step until its pod is
+    /// re-created, and at the re-creation from then on.
+    in_flight: HashMap<u32, u32>,
     /// StatefulSets whose previous step is Ready and that have steps left.
     queue: FairQueue,
     not_ready: u32,
@@ -783,6 +789,8 @@ impl<'a> Sim<'a> {
             .map(|rule| PartitionState {
                 rule,
                 held: Vec::new(),
+                records: Vec::new(),
+                in_flight: HashMap::new(),
                 queue: FairQueue::default(),
                 not_ready: 0,
                 blocked_on_ready: false,
@@ -1487,6 +1495,9 @@ impl<'a> Sim<'a> {
                 pod.created_at = now;
                 // Below the partition the controller re-creates the current revision.
                 pod.updated = pod.ordinal >= partition;
+                if pod.step_pending && !self.sc.real_releasers {
+                    self.step_took_effect(p);
+                }
                 self.created(p, gate);
             }
             Req::CreateForReplicaSet(d) => {
@@ -1659,6 +1670,33 @@ impl<'a> Sim<'a> {
         self.at(at, Ev::PartitionWake);
     }
 
+    /// Model releaser: the pod a step released is re-created; the step now counts at
+    /// this time in the window instead of "now".
+    fn step_took_effect(&mut self, pod: u32) {
+        let now = self.now;
+        let Owner::Sts(s) = self.pods[pod as usize].owner else {
+            return;
+        };
+        let ns = self.sets[s as usize].namespace;
+        let Some(state) = self.partition.as_mut() else {
+            return;
+        };
+        if let Some(n) = state.in_flight.get_mut(&ns) {
+            *n = n.saturating_sub(1);
+        }
+        let rule = self.policy.rules[state.rule].clone();
+        let uid = self.sets[s as usize].uid.clone();
+        self.limiter.record(
+            &rule.name,
+            &rule.limits,
+            &self.namespaces[ns as usize],
+            Some(&uid),
+            now,
+            1,
+        );
+        self.wake_partition(now);
+    }
+
     /// The previously released pod of a held StatefulSet is updated and Ready.
     fn step_ready(&mut self, s: u32) {
         if self.sc.real_releasers {
@@ -1717,12 +1755,27 @@ impl<'a> Sim<'a> {
                 let Some((ns, s)) = state.queue.peek() else {
                     break;
                 };
+                let flying = if global {
+                    state.in_flight.values().sum::<u32>()
+                } else {
+                    state.in_flight.get(&ns).copied().unwrap_or(0)
+                };
+                if rule.limits.iter().any(|l| flying >= l.events) {
+                    // Full of steps in flight: the next re-creation wakes the releaser.
+                    if global {
+                        break;
+                    }
+                    if let Some(state) = self.partition.as_mut() {
+                        state.queue.skip();
+                    }
+                    continue;
+                }
                 let at = self.limiter.earliest(
                     &rule.name,
                     &rule.limits,
                     &self.namespaces[ns as usize],
                     Some(&self.sets[s as usize].uid),
-                    1,
+                    flying + 1,
                     now,
                 );
                 if at <= now {
@@ -1746,31 +1799,26 @@ impl<'a> Sim<'a> {
             if let Some(state) = self.partition.as_mut() {
                 state.queue.pop();
             }
-            self.step(ns, s, &rule.name, &rule.limits);
+            self.step(ns, s);
         }
     }
 
-    fn step(&mut self, ns: u32, s: u32, rule: &Arc<str>, limits: &[crate::policy::Limit]) {
+    fn step(&mut self, ns: u32, s: u32) {
         let new = self.sets[s as usize].partition - 1;
-        let window = limits
-            .iter()
-            .map(|l| l.window.as_millis() as Millis)
-            .max()
-            .unwrap_or(0);
-        self.step_to(ns, s, new, Some((rule, limits)), true, window);
+        self.step_to(ns, s, new, true, true);
     }
 
-    /// The releaser's partition UPDATE; `record`: charge it in the limiter (the real plan
-    /// charges its own steps); `rate`: a paced step (not a free move to the target).
-    fn step_to(
-        &mut self,
-        ns: u32,
-        s: u32,
-        new: u32,
-        record: Option<(&Arc<str>, &[crate::policy::Limit])>,
-        rate: bool,
-        window: Millis,
-    ) {
+    /// Model releaser: a step is in flight until its pod is re-created.
+    fn step_in_flight(&mut self, ns: u32) {
+        if let Some(state) = self.partition.as_mut() {
+            *state.in_flight.entry(ns).or_insert(0) += 1;
+        }
+    }
+
+    /// The releaser's partition UPDATE; `model`: the model releaser's step, in flight
+    /// until its pod is re-created (the real plan keeps its own windows); `rate`: a paced
+    /// step (not a free move to the target).
+    fn step_to(&mut self, ns: u32, s: u32, new: u32, model: bool, rate: bool) {
         let now = self.now;
         let sts = &self.sets[s as usize];
         let (old, target) = (sts.partition, sts.target.unwrap_or(0));
@@ -1789,17 +1837,9 @@ impl<'a> Sim<'a> {
             new_target: Some(target),
             new_held: Some(new),
         });
-        let uid = sts.uid.clone();
         if let Admission::Allowed { .. } = self.admit(&mut churn, None, None) {
-            if let Some((rule, limits)) = record {
-                self.limiter.record(
-                    rule,
-                    limits,
-                    &self.namespaces[ns as usize],
-                    Some(&uid),
-                    now,
-                    1,
-                );
+            if model && new < self.sets[s as usize].replicas {
+                self.step_in_flight(ns);
             }
             if rate {
                 let rule = self
@@ -1811,7 +1851,6 @@ impl<'a> Sim<'a> {
             }
             let sts = &mut self.sets[s as usize];
             sts.partition = new;
-            sts.stepped_at = stepped_at_after(&sts.stepped_at, window, now);
             if new < sts.replicas {
                 let pod = sts.first_pod + new;
                 self.pods[pod as usize].step_pending = true;
@@ -1912,12 +1951,6 @@ impl<'a> Sim<'a> {
             return;
         };
         let rule = self.policy.rules[state.rule].clone();
-        let window = rule
-            .limits
-            .iter()
-            .map(|l| l.window.as_millis() as Millis)
-            .max()
-            .unwrap_or(0);
         let ids = state.held.clone();
         let held: Vec<HeldSet> = ids
             .iter()
@@ -1926,11 +1959,13 @@ impl<'a> Sim<'a> {
                 let released = if sts.partition >= sts.replicas {
                     Released::None
                 } else {
+                    // The real releaser sees a re-created pod a little after its creation;
+                    // the model sees it at once.
                     let pod = &self.pods[(sts.first_pod + sts.partition) as usize];
-                    if pod.updated && pod.phase == Phase::Ready {
-                        Released::Settled
-                    } else {
-                        Released::Pending
+                    match (pod.updated, pod.phase == Phase::Ready) {
+                        (false, _) => Released::InFlight,
+                        (true, false) => Released::Starting { at: pod.created_at },
+                        (true, true) => Released::Settled { at: pod.created_at },
                     }
                 };
                 HeldSet {
@@ -1952,26 +1987,56 @@ impl<'a> Sim<'a> {
                 }
             })
             .collect();
-        let round = plan_steps(
-            &StepInputs {
-                held: &held,
-                records: &[],
-                policy: &self.policy,
-                now,
-                max_moves: MAX_RELEASES_PER_ROUND,
-            },
-            &mut self.limiter,
-        );
+        let records = self
+            .partition
+            .as_ref()
+            .map(|p| p.records.clone())
+            .unwrap_or_default();
+        let round = plan_steps(&StepInputs {
+            held: &held,
+            records: &records,
+            policy: &self.policy,
+            now,
+            max_moves: MAX_RELEASES_PER_ROUND,
+        });
+        if let Some(state) = self.partition.as_mut() {
+            let mut index = 0;
+            state.records.retain(|_| {
+                index += 1;
+                !round.cleanups.contains(&(index - 1))
+            });
+        }
         let mut finished = Vec::new();
         for m in round.moves {
             match m {
-                Move::Step { index, to, why, .. } => {
+                Move::Step {
+                    index,
+                    to,
+                    why,
+                    record,
+                    ..
+                } => {
                     let s = ids[index];
                     let ns = self.sets[s as usize].namespace;
-                    // The plan already charged the limiter for a step at the rate.
-                    self.step_to(ns, s, to, None, why == StepWhy::Rate, window);
+                    if let Some(record) = record {
+                        self.sets[s as usize].stepped_at = record;
+                    }
+                    // The real plan counts its steps in its own windows, not the limiter's.
+                    self.step_to(ns, s, to, false, why == StepWhy::Rate);
                 }
-                Move::Finish { index, .. } | Move::LetGo { index, .. } => {
+                Move::Finish { index, record, .. } | Move::LetGo { index, record, .. } => {
+                    let set = &held[index];
+                    if !record.is_empty() {
+                        if let Some(state) = self.partition.as_mut() {
+                            state.records.push(Record {
+                                namespace: set.namespace.clone(),
+                                name: set.name.clone(),
+                                uid: set.uid.clone(),
+                                rule: set.rule.clone(),
+                                stepped_at: record,
+                            });
+                        }
+                    }
                     finished.push(ids[index]);
                 }
             }
