@@ -58,6 +58,8 @@ pub struct Metrics {
     pub partition_held: IntGaugeVec,
     /// partition releaser: pods re-created by steps and not yet Ready, by rule
     pub partition_not_ready: IntGaugeVec,
+    /// partition releaser: steps in the rule's fullest window (in flight included)
+    pub partition_window_steps: IntGaugeVec,
     /// partition releaser: partition steps, by rule and reason
     pub partition_steps: IntCounterVec,
     /// partition releaser: holds ended, by rule and outcome
@@ -288,6 +290,12 @@ impl Metrics {
                 &registry,
                 "churn_throttler_partition_released_not_ready_pods",
                 "Pods re-created by partition steps and not yet updated and Ready, by rule (what maxNotReady counts).",
+                &["rule"],
+            ),
+            partition_window_steps: gauge_vec(
+                &registry,
+                "churn_throttler_partition_window_steps",
+                "Partition steps in the rule's fullest window, steps whose pod is not yet seen re-created included, by rule (leading releaser).",
                 &["rule"],
             ),
             partition_steps: counter_vec(

@@ -56,6 +56,15 @@ struct PodCheck {
     settled: bool,
 }
 
+/// A patch that went through: until the watch brings the set's new version, the store
+/// still shows the old one, and the set is planned as the patch left it.
+struct Patched {
+    /// The resourceVersion the patch was sent against.
+    resource_version: String,
+    /// For a step: the partition it set.
+    to: Option<u32>,
+}
+
 /// A patch that failed; the set is retried once it changes or the back-off passes.
 struct Failed {
     resource_version: String,
@@ -70,6 +79,7 @@ pub(super) struct PartitionReleaser {
     event_interval: Millis,
     checks: HashMap<String, PodCheck>,
     failed: HashMap<String, Failed>,
+    patched: HashMap<String, Patched>,
     events_sent: HashMap<(String, Arc<str>), Millis>,
     gauge_rules: HashSet<String>,
 }
@@ -121,6 +131,7 @@ impl PartitionReleaser {
             event_interval: config.event_interval.as_millis() as Millis,
             checks: HashMap::new(),
             failed: HashMap::new(),
+            patched: HashMap::new(),
             events_sent: HashMap::new(),
             gauge_rules: HashSet::new(),
         }
@@ -144,6 +155,7 @@ impl PartitionReleaser {
         // Nothing is stepped before every StatefulSet has been listed.
         reader.wait_until_ready().await?;
         self.failed.clear();
+        self.patched.clear();
         self.checks.clear();
         let mut first = true;
         loop {
@@ -201,10 +213,27 @@ impl PartitionReleaser {
             live.get(uid.as_str())
                 .is_some_and(|rv| *rv == f.resource_version)
         });
+        self.patched.retain(|uid, p| {
+            live.get(uid.as_str())
+                .is_some_and(|rv| *rv == p.resource_version)
+        });
         self.checks
             .retain(|uid, _| held.iter().any(|s| &s.uid == uid));
         for set in held.iter_mut() {
             set.backoff = self.failed.get(&set.uid).is_some_and(|f| now < f.retry_at);
+            if let Some(p) = self.patched.get(&set.uid) {
+                // A step just taken is in flight, whatever the stale copy says.
+                if let Some(to) = p.to {
+                    set.partition = to;
+                    set.held = Some(to);
+                    set.released = if to < set.replicas {
+                        Released::InFlight
+                    } else {
+                        Released::None
+                    };
+                }
+                set.backoff = true;
+            }
         }
         let looked = self
             .look_at_released_pods(&mut held, &held_objects, leadership, now)
@@ -343,7 +372,7 @@ impl PartitionReleaser {
         let mut todo: Vec<(usize, String, String)> = Vec::new();
         let mut complete = true;
         for (index, set) in held.iter_mut().enumerate() {
-            if set.released == Released::None {
+            if set.released == Released::None || self.patched.contains_key(&set.uid) {
                 continue;
             }
             let object = &objects[index];
@@ -398,7 +427,7 @@ impl PartitionReleaser {
                     // Read after the answer: never earlier than what it shows.
                     let at = now_millis();
                     let progress = match answer {
-                        Ok(Some(p)) => Some((pod_progress(&p, &revision), at)),
+                        Ok(Some(p)) => Some((pod_progress(&p, &revision), created_by(&p, at))),
                         Ok(None) => Some((PodProgress::NotUpdated, at)),
                         Err(e) => {
                             metrics
@@ -491,6 +520,16 @@ impl PartitionReleaser {
             match done {
                 Done::Patched => {
                     self.failed.remove(&job.uid);
+                    self.patched.insert(
+                        job.uid.clone(),
+                        Patched {
+                            resource_version: job.resource_version.clone(),
+                            to: match job.kind {
+                                JobKind::Step { to, .. } => Some(to),
+                                _ => None,
+                            },
+                        },
+                    );
                     let held_for = job.held_since.map(|t| now.saturating_sub(t));
                     let about_held = held_for
                         .map(|ms| format!(" after {} held", about(ms)))
@@ -725,6 +764,7 @@ impl PartitionReleaser {
         for gone in self.gauge_rules.difference(&rules) {
             let _ = metrics.partition_held.remove_label_values(&[gone]);
             let _ = metrics.partition_not_ready.remove_label_values(&[gone]);
+            let _ = metrics.partition_window_steps.remove_label_values(&[gone]);
         }
         let held: HashMap<String, usize> = plan.held.iter().map(|(k, v)| (label(k), *v)).collect();
         let not_ready: HashMap<String, u32> =
@@ -738,6 +778,11 @@ impl PartitionReleaser {
                 .partition_not_ready
                 .with_label_values(&[rule])
                 .set(i64::from(not_ready.get(rule).copied().unwrap_or(0)));
+            let in_window = plan.in_window.get(rule.as_str()).copied().unwrap_or(0);
+            metrics
+                .partition_window_steps
+                .with_label_values(&[rule])
+                .set(i64::from(in_window));
         }
         self.gauge_rules = rules;
     }
@@ -748,8 +793,21 @@ impl PartitionReleaser {
         for rule in self.gauge_rules.drain() {
             let _ = metrics.partition_held.remove_label_values(&[&rule]);
             let _ = metrics.partition_not_ready.remove_label_values(&[&rule]);
+            let _ = metrics.partition_window_steps.remove_label_values(&[&rule]);
         }
     }
+}
+
+/// No earlier than the pod's creation: when it was seen (`seen`, read after the answer),
+/// or its creationTimestamp rounded up to the next second if that is sooner (a pod
+/// re-created long before a new leader first looks at it). The second bound reads the
+/// API server's clock; skew between it and this replica's clock shifts it by as much.
+fn created_by(pod: &Pod, seen: Millis) -> Millis {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
+        .map_or(seen, |t| seen.min(t - t % 1_000 + 1_000))
 }
 
 fn resource_version(sts: &StatefulSet) -> &str {
@@ -788,5 +846,41 @@ fn let_go_words(why: LetGoWhy) -> &'static str {
         }
         LetGoWhy::NotRollingUpdate => "the update strategy is no longer RollingUpdate",
         LetGoWhy::Unreadable => "the partition-target annotation is not a number",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_counts_from_when_it_was_seen_or_the_second_after_its_creation_stamp() {
+        let pod = |created: Option<&str>| -> Pod {
+            let mut meta = serde_json::json!({ "name": "db-2" });
+            if let Some(c) = created {
+                meta["creationTimestamp"] = serde_json::json!(c);
+            }
+            serde_json::from_value(serde_json::json!({ "metadata": meta })).expect("pod json")
+        };
+        let t = 1_767_323_045_000; // 2026-01-02T03:04:05Z
+                                   // (case, creationTimestamp, seen at, counted from)
+        let cases = [
+            (
+                "seen at once",
+                Some("2026-01-02T03:04:05Z"),
+                t + 300,
+                t + 300,
+            ),
+            (
+                "seen long after (a new leader): the second after its stamp",
+                Some("2026-01-02T03:04:05Z"),
+                t + 60_000,
+                t + 1_000,
+            ),
+            ("no stamp", None, t + 60_000, t + 60_000),
+        ];
+        for (case, created, seen, want) in cases {
+            assert_eq!(created_by(&pod(created), seen), want, "{case}");
+        }
     }
 }
