@@ -7,11 +7,12 @@
 #
 #   bench/run.sh                         # about 6 minutes
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/run.sh   # quicker, noisier
+#   RT=1 bench/run.sh                    # fixed rates under SCHED_FIFO (root; see below)
 #
 # Environment: CARGO_TARGET_DIR (default ./target), SECONDS_PER_RUN (10), RATES
 # ("500 1000 2000"), CONCURRENCY (closed-loop workers, 32), PROTOS ("h2"; "h1 h2" for both),
 # ROUNDS (closed-loop repetitions, 2), BUCKETS (100000), PORT_BASE (18440), SKIP_BUILD=1,
-# KEEP_WORK=1 (keep the temporary folder with logs and raw results).
+# KEEP_WORK=1 (keep the temporary folder with logs and raw results), NICE, RT (below).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -28,6 +29,20 @@ bin=$CARGO_TARGET_DIR/release
 # other work on a shared machine takes less of their CPU; the default leaves priorities alone.
 nice=""
 [ -n "${NICE:-}" ] && nice="nice -n $NICE"
+# RT=1 runs the fixed-rate phases (only those: they use a small part of a core) with every
+# server and the load generator under SCHED_FIFO, so the latency measured is the code's
+# and not the time spent waiting for a CPU behind other work on a shared machine. The
+# kernel still keeps 5% of each second for everything else; the maximum-throughput and
+# memory phases always run at normal priority.
+rt=${RT:-0}
+lg_prefix=""
+realtime() { # on|off
+  local pid
+  for pid in "${pids[@]}"; do
+    if [ "$1" = on ]; then chrt -a -f -p 50 "$pid"; else chrt -a -o -p 0 "$pid"; fi
+  done
+  if [ "$1" = on ]; then lg_prefix="chrt -f 50"; else lg_prefix=""; fi
+}
 
 work=$(mktemp -d /tmp/churn-bench.XXXXXX)
 pids=()
@@ -129,20 +144,22 @@ lg() { # server proto label-suffix loadgen-args...
   local server=$1 proto=$2 suffix=$3; shift 3
   local before line
   before=$(cpu_ticks "${pid_of[$server]}")
-  line=$($nice "$bin/examples/loadgen" --url "${url[$server]}" --ca "$ca" --server-name localhost \
+  line=$($nice $lg_prefix "$bin/examples/loadgen" --url "${url[$server]}" --ca "$ca" --server-name localhost \
     --proto "$proto" "${fixtures[@]}" --label "$server" "$@" 2>>"$work/loadgen.log" || true)
   echo "$line server_cpu_ticks=$(($(cpu_ticks "${pid_of[$server]}") - before)) clk_tck=$(getconf CLK_TCK) $suffix" | tee -a "$results" >&2
 }
 
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-say "machine: $(nproc) cores, priority ${NICE:-0}, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $load_start"
+say "machine: $(nproc) cores, nice ${NICE:-0}, RT=$rt, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $load_start"
 for proto in $protos; do
+  [ "$rt" = 1 ] && realtime on
   for rate in $rates; do
     say "open loop, $proto, $rate req/s for ${seconds}s each (after 1s warm-up)"
     for s in $servers; do
       lg "$s" "$proto" "" --rate "$rate" --seconds "$seconds" --concurrency "$concurrency"
     done
   done
+  [ "$rt" = 1 ] && realtime off
   for round in $(seq 1 "$rounds"); do
     say "closed loop, $proto, $concurrency workers, round $round of $rounds"
     order=$servers
