@@ -372,7 +372,8 @@ impl PartitionReleaser {
         let mut todo: Vec<(usize, String, String)> = Vec::new();
         let mut complete = true;
         for (index, set) in held.iter_mut().enumerate() {
-            if set.released == Released::None || self.patched.contains_key(&set.uid) {
+            let just_stepped = self.patched.get(&set.uid).is_some_and(|p| p.to.is_some());
+            if set.released == Released::None || just_stepped {
                 continue;
             }
             let object = &objects[index];

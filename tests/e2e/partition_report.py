@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Helpers of tests/e2e/partition.sh (standard library only).
 
-  record OUT          read `kubectl get pods -A --watch-only --output-watch-events -o json`
-                      on stdin, append one JSON line per event with the receive time (ms)
+  record OUT          read the one-line events of `kubectl get pods --watch-only
+                      --output-watch-events -o go-template` on stdin, append one JSON
+                      line per event with the receive time (ms)
   seen FILE TOKEN     exit 0 once a recorded event carries TOKEN (the watch is live)
   sts-state           read `kubectl get sts -o json` on stdin, print one line per set:
                       ns/name partition target held updated ready replicas
@@ -35,32 +36,21 @@ def ms(text):
 
 
 def record(out):
-    dec = json.JSONDecoder()
-    buf = ""
+    """Lines of `kubectl get pods --watch-only --output-watch-events -o go-template=...`:
+    EVENT NAMESPACE NAME UID deleting|-."""
     with open(out, "a", buffering=1) as f:
-        for chunk in iter(lambda: sys.stdin.readline(), ""):
-            buf += chunk
-            while True:
-                stripped = buf.lstrip()
-                if not stripped:
-                    buf = ""
-                    break
-                try:
-                    obj, end = dec.raw_decode(stripped)
-                except ValueError:
-                    break
-                buf = stripped[end:]
-                pod = obj.get("object") or {}
-                meta = pod.get("metadata") or {}
-                f.write(json.dumps({
-                    "t": now_ms(),
-                    "type": obj.get("type"),
-                    "ns": meta.get("namespace"),
-                    "name": meta.get("name"),
-                    "uid": meta.get("uid"),
-                    "deleting": bool(meta.get("deletionTimestamp")),
-                    "annotations": meta.get("annotations") or {},
-                }) + "\n")
+        for line in iter(sys.stdin.readline, ""):
+            parts = line.split()
+            if len(parts) < 5:
+                continue
+            f.write(json.dumps({
+                "t": now_ms(),
+                "type": parts[0],
+                "ns": parts[1],
+                "name": parts[2],
+                "uid": parts[3],
+                "deleting": parts[4] == "deleting",
+            }) + "\n")
 
 
 def seen(path, token):
@@ -121,8 +111,8 @@ def analyze(a):
     paced = set(a.paced_namespaces.split(","))
     res = {}
 
-    # Steps, from each process's log (statefulset, from, to, reason), timed by the API
-    # server: the releaser's last patch of that StatefulSet received before the log line.
+    # Which process stepped what, from each process's log; the steps themselves come
+    # from the audit log (a process killed with SIGKILL may not have logged its last).
     logged = []
     ends = []
     for log in sorted(glob.glob(f"{w}/replica-*.log")):
@@ -144,8 +134,8 @@ def analyze(a):
     # name); the controller then creates it again: counted apart, as `recreated_again`.
     deletes, creates, refused = [], [], []
     recreated_again = 0
-    patches = {}  # "ns/name" -> receive times of the releaser's successful patches
     codes = {}
+    audit_steps = []  # (receive time, "ns/name", to)
     pod_events = {}  # "ns/pod" -> [(t, verb)]
     for line in open(f"{w}/logs/audit.log"):
         try:
@@ -162,8 +152,11 @@ def analyze(a):
             refused.append((t, e.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("name"), code))
         if ref.get("resource") == "statefulsets" and user == a.releaser_user:
             codes[str(code)] = codes.get(str(code), 0) + 1
-            if 200 <= code < 300:
-                patches.setdefault(f'{ref.get("namespace")}/{ref.get("name")}', []).append(t)
+            ops = e.get("requestObject")
+            if 200 <= code < 300 and isinstance(ops, list):
+                for op in ops:
+                    if op.get("path") == "/spec/updateStrategy/rollingUpdate/partition" and op.get("op") in ("add", "replace"):
+                        audit_steps.append((t, f'{ref.get("namespace")}/{ref.get("name")}', op.get("value")))
         if ref.get("namespace") not in paced or t < a.t_change:
             continue
         if ref.get("resource") == "pods" and not ref.get("subresource") and user == STS_CONTROLLER and 200 <= code < 300:
@@ -178,17 +171,18 @@ def analyze(a):
             elif verb == "create":
                 creates.append(t)
 
-    steps = []  # (receive time, proc, sts, reason, from, to)
-    for t_log, proc, sts, reason, frm, to in sorted(logged):
-        before = [t for t in patches.get(sts, []) if t <= t_log]
-        steps.append((max(before) if before else t_log, proc, sts, reason, frm, to))
-    steps.sort()
+    # Each audited step, with the process that logged it (the first log line after it).
+    steps = []  # (receive time, proc, sts, reason, to)
+    for t, sts, to in sorted(audit_steps):
+        after = [(tl, p, r) for tl, p, s_, r, _, to_ in logged if s_ == sts and to_ == to and tl >= t]
+        proc, reason = (min(after)[1], min(after)[2]) if after else ("(no log)", "rate")
+        steps.append((t, proc, sts, reason, to))
     rate_steps = [s for s in steps if s[3] == "rate" and s[2].split("/")[0] in paced]
     step_times = [s[0] for s in rate_steps]
 
     # Per step: the deletion and the creation of the pod it released.
     to_delete, to_create = [], []
-    for t, _, sts, _, _, to in rate_steps:
+    for t, _, sts, _, to in rate_steps:
         evs = sorted(pod_events.get(f"{sts}-{to}", []))
         d = next((x for x, verb in evs if verb == "delete" and x >= t), None)
         c = next((x for x, verb in evs if verb == "create" and d is not None and x >= d), None)
@@ -211,6 +205,19 @@ def analyze(a):
         if (e["deleting"] or e["type"] == "DELETED") and key not in deleted:
             deleted.add(key)
             watch_deletes.append(e["t"])
+
+    # How far the watch was behind the API server, per pod event.
+    first_watch = {}
+    for line in open(f"{w}/pods.jsonl"):
+        e = json.loads(line)
+        key = f'{e["ns"]}/{e["name"]}'
+        if e["type"] == "ADDED":
+            first_watch.setdefault((key, "create"), e["t"])
+        if e["deleting"] or e["type"] == "DELETED":
+            first_watch.setdefault((key, "delete"), e["t"])
+    lags = sorted(first_watch[(k, v)] - t for k, evs in pod_events.items() for t, v in evs if (k, v) in first_watch)
+    res["watch_lag_ms"] = {"n": len(lags), "median": lags[len(lags) // 2], "p95": lags[int(len(lags) * 0.95)], "max": lags[-1]} if lags else None
+    res["watch_lag_p95_ms"] = lags[int(len(lags) * 0.95)] if lags else 0
 
     for name, times in [("steps", step_times), ("deletes", deletes), ("creates", creates),
                         ("watch_deletes", watch_deletes), ("watch_creates", watch_creates)]:
