@@ -48,6 +48,9 @@ struct Args {
     /// Prefix of the generated object names and uids (distinct per run).
     #[arg(long, default_value = "load")]
     prefix: String,
+    /// Spread the requests over this many namespaces (ns-0, ns-1, ...); 0 keeps the fixtures'.
+    #[arg(long, default_value_t = 0)]
+    namespaces: u64,
 }
 
 struct Record {
@@ -69,12 +72,16 @@ fn unix_ms() -> u128 {
 
 /// The review for request `n`: its own uid, and its own object name where the fixture
 /// has one, so that no two requests share a limiter identity.
-fn distinct(template: &Value, prefix: &str, n: u64) -> Value {
+fn distinct(template: &Value, prefix: &str, n: u64, namespaces: u64) -> Value {
     let mut review = template.clone();
     let name = format!("{prefix}-{n}");
+    let namespace = (namespaces > 0).then(|| format!("ns-{}", n % namespaces));
     review["request"]["uid"] = json!(format!("{prefix}-uid-{n}"));
     if review["request"].get("name").is_some() {
         review["request"]["name"] = json!(name);
+    }
+    if let Some(ns) = &namespace {
+        review["request"]["namespace"] = json!(ns);
     }
     for field in ["object", "oldObject"] {
         // get_mut, not indexing: indexing a missing key would add it as null.
@@ -94,6 +101,9 @@ fn distinct(template: &Value, prefix: &str, n: u64) -> Value {
             }
             if meta.get("generateName").is_some() {
                 meta["generateName"] = json!(format!("{name}-"));
+            }
+            if let (Some(ns), true) = (&namespace, meta.get("namespace").is_some()) {
+                meta["namespace"] = json!(ns);
             }
         }
     }
@@ -148,8 +158,13 @@ async fn main() -> anyhow::Result<()> {
             continue;
         };
         let target = schedule[(n as usize) % schedule.len()];
-        let body =
-            distinct(&templates[(n as usize) % templates.len()], &args.prefix, n).to_string();
+        let body = distinct(
+            &templates[(n as usize) % templates.len()],
+            &args.prefix,
+            n,
+            args.namespaces,
+        )
+        .to_string();
         let client = client.clone();
         let targets = targets.clone();
         let records = records.clone();

@@ -31,16 +31,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r port mport < <(python3 -c '
-import socket
-s=[socket.socket() for _ in range(2)]
-[x.bind(("127.0.0.1",0)) for x in s]
-print(" ".join(str(x.getsockname()[1]) for x in s))')
 "$CHURN_THROTTLER_BIN" default-policy >"$W/policy.yaml"
 "$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/dev" --config "$W/policy.yaml" \
-  --listen "127.0.0.1:$port" --metrics-listen "127.0.0.1:$mport" --reload-interval 200ms \
+  --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --reload-interval 200ms \
   --max-body-bytes 1048576 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
 SERVER=$!
+# Port 0: --dev prints the bound addresses (its curl line and the metrics line).
+for _ in $(seq 1 100); do grep -q '^Metrics: curl' "$W/serve.log" 2>/dev/null && break; sleep 0.1; done
+port="$(grep -o 'https://localhost:[0-9]*' "$W/serve.log" | head -n1 | sed 's/.*://')"
+mport="$(grep -o 'Metrics: curl http://127.0.0.1:[0-9]*' "$W/serve.log" | head -n1 | sed 's/.*://')"
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$mport/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
 ca="$W/dev/ca.crt"
 url="https://localhost:$port"
