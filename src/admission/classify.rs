@@ -211,8 +211,19 @@ fn pod_create(req: &AdmissionRequest<DynamicObject>) -> Classified {
 
 fn pod_delete(req: &AdmissionRequest<DynamicObject>) -> Classified {
     let namespace = req.namespace.clone().unwrap_or_default();
-    let identity = Identity::Exact(format!("pod-delete:{namespace}/{}", req.name));
+    // A DeleteCollection (the namespace controller's teardown) is reviewed pod by pod with
+    // an empty request.name: only oldObject names the pod, and each must keep its own identity.
+    let name = Some(req.name.clone())
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            req.old_object
+                .as_ref()
+                .and_then(|o| o.metadata.name.clone())
+        })
+        .unwrap_or_default();
+    let identity = Identity::Exact(format!("pod-delete:{namespace}/{name}"));
     let mut churn = base(req, ChurnKind::PodDelete, identity);
+    churn.name = name;
     if let Some(pod) = req.old_object.as_ref() {
         if pod.metadata.deletion_timestamp.is_some() {
             return Classified::Pass(PassReason::AlreadyTerminating);

@@ -254,6 +254,27 @@ fn replicaset_pods_without_a_name_share_a_pool_identity() {
 }
 
 #[test]
+fn delete_collection_reviews_name_each_pod_from_its_old_object() {
+    // kube-apiserver reviews a DeleteCollection pod by pod with no request.name (seen in
+    // tests/e2e/run.sh's capture of the namespace controller's teardown).
+    let mut first = fixture("pod-delete-running");
+    first.name = String::new();
+    let mut second = first.clone();
+    if let Some(old) = second.old_object.as_mut() {
+        old.metadata.name = Some("web-5d9c7b8f6d-9wq2m".into());
+    }
+    let (Classified::Churn(a), Classified::Churn(b)) = (classify(&first), classify(&second)) else {
+        panic!("not churn")
+    };
+    assert_eq!(a.name, "web-5d9c7b8f6d-x7k2p");
+    assert_eq!(
+        a.identity,
+        crate::limiter::Identity::Exact("pod-delete:shop/web-5d9c7b8f6d-x7k2p".into())
+    );
+    assert_ne!(a.identity, b.identity);
+}
+
+#[test]
 fn dry_run_is_never_charged() {
     let policy = policy();
     let mut limiter = Limiter::new(1_000);
