@@ -5,7 +5,7 @@
 # still runs for real. Installs cargo-deny (pinned) into ~/.cache/churn-throttler-tools.
 # Last line: `deny: N passed, M failed` (exit 1 when M > 0).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 
 VERSION=0.20.2
 ROOT="${CHURN_TOOLS:-$HOME/.cache/churn-throttler-tools}/cargo-deny-$VERSION"
