@@ -503,9 +503,6 @@ policy_for() {
     case "$action" in
       gate)
         echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, maxNotReady: $LIMIT, action: gate }" ;;
-      gate+retry-after) # as the default policy does for ReplicaSets: creations gated, deletions retry-after
-        echo "  - { name: sts-deletes, match: { resources: [pods], operations: [DELETE], users: [$STS_CONTROLLER] }, limit: $lim, action: retry-after }"
-        echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, maxNotReady: $LIMIT, action: gate }" ;;
       partition)
         echo "  - { name: sts-rollouts, match: { resources: [statefulsets], operations: [UPDATE] }, limit: $lim, maxNotReady: $LIMIT, action: partition }" ;;
       retry-after|hold|deny)
@@ -913,10 +910,10 @@ fi
 
 # =========================================================================================
 if in_list faults "$SCENARIOS"; then
-section "5. faults: churn-throttler killed mid-rollout and restarted (creations gated, deletions retry-after)"
+section "5. faults: churn-throttler killed mid-rollout (gate) and restarted"
 FAULT_GATED_AT_KILL=0
 R=""
-mass_rollout gate+retry-after faults fault || true
+mass_rollout gate faults fault || true
 if [[ -n "$R" ]]; then
   out_c=$(jget "$R" outage_creates); out_d=$(jget "$R" outage_deletes); out_g=$(jget "$R" outage_gated)
   say "while no churn-throttler answered ($(secs $((LAST_TBACK - LAST_TKILL))) s): $out_c pods created ($out_g gated), $out_d deleted"
@@ -930,10 +927,9 @@ if [[ -n "$R" ]]; then
     test "$gq" -ge 1 -a "$seeded" -ge 1
   check "no burst: no ${WINDOW} s window holds more than $LIMIT pod starts, by their requests in the audit log ($(jget "$R" proven_starts); watch: $(jget "$R" max_starts_exact), $(jget "$R" starts_across_restart) in the fullest $((WINDOW_MS - JITTER_MS)) ms window across the restart; the $out_c unpaced creations of the outage left out)" \
     test "$(jget "$R" proven_starts)" -le "$LIMIT"
-  say "deletions (retry-after, charged in memory only, not seeded): $(jget "$R" deletes_across_restart) in the fullest window across the restart (watch), $(jget "$R" proven_deletes) in any window outside the outage (audit; limit $LIMIT)"
   check "nothing stuck: $FAULT_GATED_AT_KILL pods gated at the kill; all $((STS * REPLICAS)) re-created and Ready" \
     test "$(jget "$R" new_ready)" -eq $((STS * REPLICAS))
-  rows+=("faults|webhook killed $(secs $((LAST_TKILL - LAST_T0))) s into a rollout (creations gate, deletions retry-after, $LIMIT per ${WINDOW}s), serving again $(secs $((LAST_TBACK - LAST_TKILL))) s later: $out_c created and $out_d deleted unpaced meanwhile; $FAULT_GATED_AT_KILL gated pods released by the restarted releaser (seeded with $seeded releases); makespan $(jget "$R" makespan_s) s (ideal $(jget "$R" ideal_s) s); most starts in a window $(jget "$R" proven_starts) (audit); deletions across the restart $(jget "$R" deletes_across_restart) (not seeded)")
+  rows+=("faults|webhook killed $(secs $((LAST_TKILL - LAST_T0))) s into a gate rollout ($LIMIT per ${WINDOW}s), serving again $(secs $((LAST_TBACK - LAST_TKILL))) s later: $out_c created and $out_d deleted unpaced meanwhile; $FAULT_GATED_AT_KILL gated pods released by the restarted releaser (seeded with $seeded releases); makespan $(jget "$R" makespan_s) s (ideal $(jget "$R" ideal_s) s); most starts in a window $(jget "$R" proven_starts) (audit)")
 fi
 fi
 
