@@ -12,7 +12,10 @@
 # Environment: CARGO_TARGET_DIR (default ./target), SECONDS_PER_RUN (10), RATES
 # ("500 1000 2000"), CONCURRENCY (closed-loop workers, 32), PROTOS ("h2"; "h1 h2" for both),
 # ROUNDS (closed-loop repetitions, 2), BUCKETS (100000), PORT_BASE (18440), SKIP_BUILD=1,
-# KEEP_WORK=1 (keep the temporary folder with logs and raw results), NICE, RT (below).
+# KEEP_WORK=1 (keep the temporary folder with logs and raw results), NICE, RT (below),
+# OUT=dir (write the raw results there as bench-results.txt, the printed tables as
+# bench-tables.md, and the plots bench-latency.svg and bench-throughput.svg, made by
+# examples/bench_plot.rs; `OUT=docs bench/run.sh` refreshes docs/BENCHMARKS.md's figures).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -57,7 +60,7 @@ say() { echo "bench: $*" >&2; }
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   say "building (release): churn-throttler, examples loadgen and baseline_webhook"
-  cargo build --release --locked --bin churn-throttler --example loadgen --example baseline_webhook
+  cargo build --release --locked --bin churn-throttler --example loadgen --example baseline_webhook --example bench_plot
 fi
 say "building the Go peer (bench/peer-go)"
 (cd bench/peer-go && go build -o "$work/peer-go" .)
@@ -190,7 +193,8 @@ for policy_name in buckets global; do
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
-python3 - "$results" "$load_start" "$load_end" "$rates" "$protos" "${rss_lines[@]}" <<'PY'
+tables=$work/tables.md
+python3 - "$results" "$load_start" "$load_end" "$rates" "$protos" "${rss_lines[@]}" <<'PY' | tee "$tables"
 import sys, collections
 path, load_start, load_end, rates, protos = sys.argv[1:6]
 rss = sys.argv[6:]
@@ -247,3 +251,11 @@ for line in rss:
     mib = lambda k: f"{int(k)/1024:.1f}" if k else ""
     print(f"| {when} | {server} | {mib(now)} | {mib(peak)} | {live} |")
 PY
+
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  cp "$results" "$OUT/bench-results.txt"
+  cp "$tables" "$OUT/bench-tables.md"
+  "$bin/examples/bench_plot" "$results" "$OUT"
+  say "raw results, tables and plots written to $OUT"
+fi
