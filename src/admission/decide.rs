@@ -6,7 +6,7 @@ use super::classify::{
     GATED_LABEL, GATE_NAME, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,
     PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
-use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome};
+use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome, RETRY_ARRIVAL_MARGIN_MS};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
 use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
@@ -163,6 +163,12 @@ pub fn decide_churn(
     }
 
     let owner = churn.controller_uid.as_deref();
+    // Slots this close are held: a hold rule's maxHold, and for any rule a retry that came
+    // back within the arrival margin before its slot.
+    let hold_within = rule
+        .max_hold
+        .map_or(0, |h| h.as_millis() as Millis)
+        .max(RETRY_ARRIVAL_MARGIN_MS);
     let ask = |reserve: bool| Ask {
         rule: &rule.name,
         limits: &rule.limits,
@@ -174,9 +180,7 @@ pub fn decide_churn(
         dry_run: churn.dry_run,
         max_reserved_per_namespace: rule.max_reserved_per_namespace,
         align_beyond: match rule.action {
-            Action::Hold | Action::RetryAfter => {
-                Some(rule.max_hold.map_or(0, |h| h.as_millis() as Millis))
-            }
+            Action::Hold | Action::RetryAfter => Some(hold_within),
             _ => None,
         },
     };
@@ -235,10 +239,7 @@ pub fn decide_churn(
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
             Outcome::Reserved { slot } => {
                 let wait = slot - now;
-                if rule
-                    .max_hold
-                    .is_some_and(|h| wait <= h.as_millis() as Millis)
-                {
+                if wait <= hold_within {
                     limiter.consume(&rule.name, &churn.identity);
                     return decided(Verdict::Hold { until: slot }, None);
                 }
@@ -314,11 +315,14 @@ fn round_up_secs(ms: Millis) -> u32 {
 }
 
 /// Whole seconds (at least 1) for Retry-After. Exact identities are capped by
-/// `maxRetryAfter` (their early retry keeps its slot); pool members get the full wait,
-/// since an early pool retry cannot be told apart from a new pod.
+/// `maxRetryAfter` (their early retry keeps its slot) and told to come back up to the
+/// arrival margin early (held until the slot); pool members get the full wait, since an
+/// early pool retry cannot be told apart from a new pod.
 fn retry_seconds(rule: &Rule, identity: &Identity, wait: Millis) -> u32 {
     let wait = match identity {
-        Identity::Exact(_) => wait.min(rule.max_retry_after.as_millis() as Millis),
+        Identity::Exact(_) => wait
+            .min(rule.max_retry_after.as_millis() as Millis)
+            .saturating_sub(RETRY_ARRIVAL_MARGIN_MS),
         Identity::Pool(_) => wait,
     };
     round_up_secs(wait)
@@ -345,11 +349,11 @@ fn throttled_message(
     retry: Option<u32>,
 ) -> String {
     let head = format!(
-        "churn-throttler: rule {:?} allows {}; this {} has to wait {}s",
+        "churn-throttler: rule {:?} allows {}; this {} has to wait {:.1}s",
         rule.name,
         rate(rule),
         describe(churn),
-        round_up_secs(wait)
+        wait as f64 / 1000.0
     );
     match retry {
         Some(seconds) => format!("{head}, retry after {seconds}s (the request keeps its place)"),

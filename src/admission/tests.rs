@@ -156,30 +156,35 @@ fn distinct_deletes_hold_then_retry_after_and_the_retry_claims_its_slot() {
         decide(req, Endpoint::Validate, &policy, limiter, now).verdict
     };
     assert_eq!(decide_at(&mut limiter, &a, 0), Verdict::Admitted);
-    // 1 per 10s: b's slot is at 10 s, beyond maxHold 3 s, so retry-after 10 s.
+    // 1 per 10s: b's slot is at 10 s, beyond maxHold 3 s, so retry-after 10 s, with the
+    // slot the arrival margin after it: the retry comes back a little late, still early.
     assert_eq!(
         decide_at(&mut limiter, &b, 0),
         Verdict::RetryAfter {
             seconds: 10,
-            slot: 10_000
+            slot: 10_500
         }
     );
-    // c queues behind b: free at 20 s, moved to 20.1 s, when "retry after 20 s"
-    // given at 0.1 s brings it back.
+    // c queues behind b: free at 20.5 s, moved to 20.6 s, the margin after the 20 s that
+    // "retry after 20 s" given at 0.1 s brings it back.
     assert_eq!(
         decide_at(&mut limiter, &c, 100),
         Verdict::RetryAfter {
             seconds: 20,
-            slot: 20_100
+            slot: 20_600
         }
     );
-    // b comes back 2 s early: within maxHold, so it is held until its slot.
+    // b comes back 2.5 s early: within maxHold, so it is held until its slot.
     assert_eq!(
         decide_at(&mut limiter, &b, 8_000),
-        Verdict::Hold { until: 10_000 }
+        Verdict::Hold { until: 10_500 }
     );
-    // c comes back on time and is admitted on its reservation, not charged again.
-    assert_eq!(decide_at(&mut limiter, &c, 20_100), Verdict::Admitted);
+    // c comes back as told, 40 ms late: held the rest of the margin, so it is admitted
+    // at its slot, inside its own request, and not charged again.
+    assert_eq!(
+        decide_at(&mut limiter, &c, 20_140),
+        Verdict::Hold { until: 20_600 }
+    );
     assert_eq!(limiter.reservation_count(), 0);
 }
 
@@ -314,8 +319,8 @@ fn retry_after_answer_is_the_exact_json_kube_apiserver_needs() {
                 "status": "Failure",
                 "code": 429,
                 "reason": "TooManyRequests",
-                "message": "churn-throttler: rule \"partition-steps\" allows 2 per 10s (global); this StatefulSet update of shop/db has to wait 9s, retry after 9s (the request keeps its place)",
-                "details": { "retryAfterSeconds": 9 }
+                "message": "churn-throttler: rule \"partition-steps\" allows 2 per 10s (global); this StatefulSet update of shop/db has to wait 8.5s, retry after 8s (the request keeps its place)",
+                "details": { "retryAfterSeconds": 8 }
             },
             "auditAnnotations": { "rule": "partition-steps", "action": "retry-after" }
         }

@@ -17,6 +17,12 @@ pub type Millis = u64;
 /// Gaps between reserved slots examined per decision before queueing at the end.
 const MAX_GAP_CANDIDATES: usize = 64;
 
+/// Retry-After counts whole seconds, and a retry reaches the webhook a little after them
+/// (client, API server). An aligned slot of an exact identity lies this far past the whole
+/// seconds its client is told, so the retry comes early and is held until its slot: the
+/// charge then lies inside the request it stands for, never before it.
+pub const RETRY_ARRIVAL_MARGIN_MS: Millis = 500;
+
 /// How long past its slot an unclaimed reservation is kept for its retry.
 pub const RESERVATION_GRACE_MS: Millis = 30_000;
 
@@ -64,7 +70,8 @@ pub struct Ask<'a> {
     pub max_reserved_per_namespace: u32,
     /// A slot farther than this from now is answered with Retry-After, which counts whole
     /// seconds: the slot is moved to a whole number of seconds from now (when that is
-    /// free), so the charge lands when the client's retry really comes.
+    /// free), so the charge lands when the client's retry really comes; for an exact
+    /// identity, [`RETRY_ARRIVAL_MARGIN_MS`] past them, so the retry comes just before.
     pub align_beyond: Option<Millis>,
 }
 
@@ -346,10 +353,16 @@ impl Limiter {
         Outcome::Reserved { slot }
     }
 
-    /// `slot` moved up to a whole number of seconds after `now`, if every bucket has
-    /// room there; otherwise `slot` itself.
+    /// `slot` moved up to a whole number of seconds after `now` (plus the arrival margin
+    /// for an exact identity), if every bucket has room there; otherwise `slot` itself.
     fn aligned(&self, keys: &[BucketKey], ask: &Ask<'_>, now: Millis, slot: Millis) -> Millis {
-        let rounded = now + (slot - now).div_ceil(1000) * 1000;
+        // An early pool retry cannot be told from a new pod, so pools get no margin.
+        let margin = match ask.identity {
+            Identity::Exact(_) => RETRY_ARRIVAL_MARGIN_MS,
+            Identity::Pool(_) => 0,
+        };
+        let seconds = (slot - now).saturating_sub(margin).div_ceil(1000).max(1);
+        let rounded = now + seconds * 1000 + margin;
         let fits = keys.iter().zip(ask.limits).all(|(key, limit)| {
             self.buckets
                 .get(key)

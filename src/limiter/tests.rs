@@ -448,13 +448,30 @@ fn retry_after_slots_are_aligned_to_whole_seconds_from_now() {
     );
     let mut late = ask(&rule, &limits, "ns", &b);
     late.align_beyond = Some(0);
-    // Free at 1,000 ms; the client told "retry after 1 s" at 300 ms comes back at 1,300 ms.
+    // Free at 1,000 ms; the client told "retry after 1 s" at 300 ms comes back at 1,300 ms
+    // and a little more; its slot lies the arrival margin after that, so it comes early.
+    let slot = 1_300 + RETRY_ARRIVAL_MARGIN_MS;
+    assert_eq!(limiter.acquire(&late, 300), Outcome::Reserved { slot });
+    assert_eq!(limiter.acquire(&late, 1_340), Outcome::Reserved { slot });
+    assert_eq!(limiter.acquire(&late, slot), Outcome::Claimed { slot });
+}
+
+#[test]
+fn pool_slots_are_aligned_without_the_arrival_margin() {
+    // An early pool retry would take a new slot, so pools are told the full wait.
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let first = exact("a");
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &first), 0),
+        Outcome::Admitted
+    );
+    let pool = Identity::Pool("pod-create:ns/web-".into());
+    let mut late = ask(&rule, &limits, "ns", &pool);
+    late.align_beyond = Some(0);
     assert_eq!(
         limiter.acquire(&late, 300),
         Outcome::Reserved { slot: 1_300 }
-    );
-    assert_eq!(
-        limiter.acquire(&late, 1_300),
-        Outcome::Claimed { slot: 1_300 }
     );
 }

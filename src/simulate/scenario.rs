@@ -258,8 +258,9 @@ impl ScenarioFile {
             }),
             // tests/e2e/run.sh's mass rollout with its CI defaults (E2E_STS=100 in
             // E2E_NAMESPACES=10, E2E_LIMIT_EVENTS=50 per 10 s, maxNotReady = the limit,
-            // deletions and creations paced by deny/retry-after/hold); kwok makes pods
-            // Ready within about a second and finishes deletions almost at once.
+            // deletions and creations paced by deny/retry-after/hold, kube-controller-manager
+            // --kube-api-qps 200 --kube-api-burst 400); kwok makes pods Ready within about
+            // a second and finishes deletions almost at once.
             "e2e" => Ok(ScenarioFile {
                 name: "e2e".into(),
                 statefulsets: 100,
@@ -270,6 +271,8 @@ impl ScenarioFile {
                 max_not_ready: 50,
                 max_retry_after: "60s".into(),
                 pace_creates: true,
+                client_qps: 200.0,
+                client_burst: 400,
                 ..base
             }),
             other => Err(format!(
