@@ -8,6 +8,7 @@ use super::classify::{
 };
 use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome, RETRY_ARRIVAL_MARGIN_MS};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
+use crate::releaser::pods::{format_time, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
 use json_patch::{AddOperation, Patch, PatchOperation};
 use jsonptr::PointerBuf;
 use kube::core::admission::AdmissionRequest;
@@ -51,6 +52,8 @@ pub enum Verdict {
     Warn { wait_ms: Millis },
     /// Admitted behind churn-throttler's scheduling gate.
     Gate { patch: Patch },
+    /// Admitted at once under a gate rule, and marked as released now (see `mark_admission`).
+    AdmitMarked { patch: Patch },
     /// Admitted with the rollout's partition held; the releaser steps it down.
     HoldPartition {
         patch: Patch,
@@ -66,7 +69,7 @@ impl Verdict {
             Verdict::Pass(_) => "pass",
             Verdict::Exempt(_) => "exempt",
             Verdict::NoRule => "no-rule",
-            Verdict::Admitted => "allow",
+            Verdict::Admitted | Verdict::AdmitMarked { .. } => "allow",
             Verdict::Hold { .. } => "hold",
             Verdict::RetryAfter { .. } => "retry-after",
             Verdict::Deny { .. } => "deny",
@@ -382,6 +385,76 @@ fn gate_patch(churn: &ChurnRequest, rule: &str) -> Patch {
         "true",
     ));
     Patch(ops)
+}
+
+/// Annotation on a pod the webhook admitted at once under a gate rule: the process whose
+/// limiter charged it, which therefore does not seed its windows with it again.
+pub const ADMITTED_BY_ANNOTATION: &str = "churn-throttler.io/admitted-by";
+
+/// A pod the webhook admits at once under a gate rule is marked the way the releaser marks
+/// a pod it released (label `released`, the rule, the time), so a releaser that leads
+/// later, after a restart of every replica too, seeds its windows with it: the webhook's
+/// own admissions are then no longer lost with the process that counted them. Any other
+/// decision is returned as it is.
+pub fn mark_admission(
+    req: &AdmissionRequest<DynamicObject>,
+    decision: Decision,
+    policy: &Policy,
+    now: Millis,
+    instance: &str,
+) -> Decision {
+    let gate_rule = decision
+        .rule
+        .as_deref()
+        .and_then(|name| policy.rules.iter().find(|r| r.name.as_ref() == name))
+        .is_some_and(|r| r.action == Action::Gate);
+    if decision.verdict != Verdict::Admitted
+        || decision.kind != Some(ChurnKind::PodCreate)
+        || !gate_rule
+    {
+        return decision;
+    }
+    let Classified::Churn(churn) = classify(req) else {
+        return decision;
+    };
+    if churn.dry_run {
+        return decision;
+    }
+    let rule = decision.rule.as_deref().unwrap_or_default();
+    let mut ops = map_entries_ops(
+        "annotations",
+        churn.has_annotations,
+        &[
+            (GATED_BY_ANNOTATION, rule),
+            (RELEASED_AT_ANNOTATION, &format_time(now)),
+            (ADMITTED_BY_ANNOTATION, instance),
+        ],
+    );
+    ops.extend(map_entries_ops(
+        "labels",
+        churn.has_labels,
+        &[(GATED_LABEL, LABEL_RELEASED)],
+    ));
+    Decision {
+        verdict: Verdict::AdmitMarked { patch: Patch(ops) },
+        ..decision
+    }
+}
+
+/// Adds entries to metadata.labels or metadata.annotations, creating the map if absent.
+fn map_entries_ops(map: &str, map_exists: bool, entries: &[(&str, &str)]) -> Vec<PatchOperation> {
+    if map_exists {
+        entries
+            .iter()
+            .flat_map(|(key, value)| map_entry_ops(map, true, key, value))
+            .collect()
+    } else {
+        let object: serde_json::Map<String, Value> = entries
+            .iter()
+            .map(|(key, value)| (key.to_string(), json!(value)))
+            .collect();
+        vec![add(&format!("/metadata/{map}"), Value::Object(object))]
+    }
 }
 
 /// Adds `key: value` to metadata.labels or metadata.annotations, creating the map if absent.

@@ -10,7 +10,10 @@ pub use classify::{
     PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
     PARTITION_STEPPED_AT_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
-pub use decide::{decide, plan_partition, Decision, Endpoint, PartitionPlan, Verdict};
+pub use decide::{
+    decide, mark_admission, plan_partition, Decision, Endpoint, PartitionPlan, Verdict,
+    ADMITTED_BY_ANNOTATION,
+};
 pub use respond::respond;
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 use super::classify::{StatefulSetChange, GATED_BY_ANNOTATION, GATED_LABEL};
+use super::decide::{mark_admission, ADMITTED_BY_ANNOTATION};
 use super::*;
 use crate::limiter::Limiter;
 use crate::policy::Policy;
@@ -632,4 +633,63 @@ fn the_releasers_final_patch_passes_once_the_target_is_reached() {
             .map(|a| a.remove("churn-throttler.io/partition-target"));
     });
     assert_eq!(mutated(&req, 10_000).0, "pass");
+}
+
+#[test]
+fn pods_admitted_at_once_by_a_gate_rule_are_marked_for_seeding() {
+    // Marked as the releaser marks a release, so a releaser leading after a restart of
+    // every replica seeds its windows with the webhook's own admissions too.
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    let req = fixture("pod-create-statefulset");
+    let mut at = |now: u64| {
+        let decision = decide(&req, Endpoint::Mutate, &policy, &mut limiter, now);
+        mark_admission(&req, decision, &policy, now, "replica-a/1")
+    };
+    let first = at(1_767_225_600_000);
+    let Verdict::AdmitMarked { patch } = &first.verdict else {
+        panic!("not marked: {:?}", first.verdict)
+    };
+    assert_eq!(first.verdict.label(), "allow");
+    let mut pod = req
+        .object
+        .clone()
+        .map(|o| serde_json::to_value(o).unwrap_or(Value::Null));
+    let pod = pod.as_mut().unwrap_or_else(|| panic!("no object"));
+    json_patch::patch(pod, patch).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pod["metadata"]["labels"][GATED_LABEL], json!("released"));
+    assert_eq!(
+        pod["metadata"]["annotations"][GATED_BY_ANNOTATION],
+        json!("creates")
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["churn-throttler.io/released-at"],
+        json!("2026-01-01T00:00:00.000Z")
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"][ADMITTED_BY_ANNOTATION],
+        json!("replica-a/1")
+    );
+    // What the releaser reads back: a released pod, admitted by that process.
+    let parsed: k8s_openapi::api::core::v1::Pod =
+        serde_json::from_value(pod.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let crate::releaser::pods::View::Released(released) = crate::releaser::pods::view(&parsed)
+    else {
+        panic!("not seen as released")
+    };
+    assert_eq!(released.released_at, Some(1_767_225_600_000));
+    assert_eq!(released.admitted_by.as_deref(), Some("replica-a/1"));
+    assert_eq!(released.rule, "creates");
+    // Gated pods are not marked this way, nor dry runs.
+    at(1_767_225_600_001);
+    assert!(matches!(
+        at(1_767_225_600_002).verdict,
+        Verdict::Gate { .. }
+    ));
+    let dry = fixture("pod-create-dry-run");
+    let decision = decide(&dry, Endpoint::Mutate, &policy, &mut Limiter::new(10), 0);
+    assert_eq!(
+        mark_admission(&dry, decision, &policy, 0, "replica-a/1").verdict,
+        Verdict::Admitted
+    );
 }

@@ -333,7 +333,14 @@ impl Releaser {
         let not_ready = not_ready_by_rule(&released);
         let (plan, seeded) = {
             let mut limiter = self.state.limiter();
-            let seeded = seed(&mut limiter, &policy, &released, &mut self.charged, now);
+            let seeded = seed(
+                &mut limiter,
+                &policy,
+                &released,
+                &mut self.charged,
+                &self.state.instance,
+                now,
+            );
             // Pods un-gated by hand are counted now, before anything else is planned.
             for (pod, _) in &ungated {
                 if let Some(rule) = gate_rule(&policy, &pod.rule) {

@@ -54,6 +54,9 @@ pub struct ReleasedPod {
     /// Still held by another component's scheduling gate: it is not starting yet, so
     /// it counts against maxNotReady only once those gates are gone too.
     pub held_elsewhere: bool,
+    /// The process whose webhook admitted it at once (admitted-by); None for a pod the
+    /// releaser released.
+    pub admitted_by: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,21 +400,24 @@ fn rule_window(rule: &Rule) -> Millis {
 
 /// Rebuilds the windows from the release times recorded on pods: each release still
 /// inside its rule's window, not already charged by this process, is charged at its
-/// recorded time. Returns how many were charged.
+/// recorded time. Pods a webhook admitted at once under a gate rule carry the same
+/// record; those this process admitted (`own_instance`) are already in its limiter.
+/// Returns how many were charged.
 ///
 /// What this cannot give back: releases of pods deleted since (their annotation went
-/// with them), pods un-gated by hand without the releaser seeing them, and pods the
-/// webhook admitted without a gate (those are the webhook's own charges).
+/// with them), and pods un-gated by hand without the releaser seeing them.
 pub fn seed(
     limiter: &mut Limiter,
     policy: &Policy,
     released: &[ReleasedPod],
     charged: &mut Charged,
+    own_instance: &str,
     now: Millis,
 ) -> usize {
     let mut todo: Vec<(Millis, &ReleasedPod, &Rule)> = released
         .iter()
         .filter(|p| !charged.contains(&p.uid))
+        .filter(|p| p.admitted_by.as_deref() != Some(own_instance))
         .filter_map(|p| {
             let rule = gate_rule(policy, &p.rule)?;
             // A release time in the future (clock skew) counts as now.

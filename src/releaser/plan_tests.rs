@@ -407,6 +407,8 @@ type Released = (
     bool,
 );
 
+const OWN_INSTANCE: &str = "churn-throttler-1/1767229200000";
+
 fn released(rows: &[Released]) -> Vec<ReleasedPod> {
     rows.iter()
         .map(
@@ -419,6 +421,14 @@ fn released(rows: &[Released]) -> Vec<ReleasedPod> {
                 released_at,
                 settled,
                 held_elsewhere: uid.starts_with("held"),
+                // Pods the webhook admitted at once: by this process, or by an earlier one.
+                admitted_by: if uid.starts_with("mine") {
+                    Some(OWN_INSTANCE.into())
+                } else if uid.starts_with("admitted") {
+                    Some("churn-throttler-0/1767225600000".into())
+                } else {
+                    None
+                },
             },
         )
         .collect()
@@ -438,6 +448,22 @@ fn table_of_seeding() {
     );
     let cases: &[SeedCase] = &[
         ("nothing released: full budget", &[], &[], 100_000, 0, 2),
+        (
+            "admitted at once by an earlier process: seeded like a release",
+            &[("a", "admitted-1", "pods", Some(97_000), false)],
+            &[],
+            100_000,
+            1,
+            1,
+        ),
+        (
+            "admitted at once by this process: its limiter has it already",
+            &[("a", "mine-1", "pods", Some(97_000), false)],
+            &[],
+            100_000,
+            0,
+            1,
+        ),
         (
             "two releases inside the window: no burst after a restart",
             &[
@@ -515,7 +541,18 @@ fn table_of_seeding() {
             charge(&mut limiter, &policy, "pods", "a", now - 1_000);
             charged.insert(uid, now - 1_000);
         }
-        let got = seed(&mut limiter, &policy, &released(rows), &mut charged, now);
+        for row in rows.iter().filter(|r| r.1.starts_with("mine")) {
+            // This process's webhook charged it when it admitted it.
+            charge(&mut limiter, &policy, "pods", row.0, row.3.unwrap_or(now));
+        }
+        let got = seed(
+            &mut limiter,
+            &policy,
+            &released(rows),
+            &mut charged,
+            OWN_INSTANCE,
+            now,
+        );
         assert_eq!(got, seeded, "{name}: seeded");
         let pods = queue(&[
             ("q", "p1", "pods", 0),
@@ -536,7 +573,14 @@ fn table_of_seeding() {
             "{name}: releases after seeding"
         );
         // Seeding twice changes nothing.
-        let again = seed(&mut limiter, &policy, &released(rows), &mut charged, now);
+        let again = seed(
+            &mut limiter,
+            &policy,
+            &released(rows),
+            &mut charged,
+            OWN_INSTANCE,
+            now,
+        );
         assert_eq!(again, 0, "{name}: second seeding");
     }
 }
@@ -625,7 +669,14 @@ rules:
             limiter = Limiter::new(1_000);
             cursor = Cursor::default();
             charged = Charged::default();
-            seed(&mut limiter, &policy, &done, &mut charged, now);
+            seed(
+                &mut limiter,
+                &policy,
+                &done,
+                &mut charged,
+                OWN_INSTANCE,
+                now,
+            );
         }
         let got = run(&policy, &pods, &[], &mut limiter, &mut cursor, now);
         let mut gone: Vec<usize> = got.releases.iter().map(|r| r.index).collect();
@@ -641,6 +692,7 @@ rules:
                 released_at: Some(now),
                 settled: true,
                 held_elsewhere: false,
+                admitted_by: None,
             });
             charged.insert(&pod.uid, now);
         }

@@ -2,7 +2,7 @@
 //! Pure: a Pod object in, plan inputs or a patch out.
 
 use super::plan::{QueuedPod, ReleasedPod};
-use crate::admission::{GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME};
+use crate::admission::{ADMITTED_BY_ANNOTATION, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME};
 use crate::limiter::Millis;
 use json_patch::{
     AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
@@ -86,6 +86,7 @@ pub fn view(pod: &Pod) -> View {
                 .as_ref()
                 .and_then(|s| s.scheduling_gates.as_ref())
                 .is_some_and(|g| !g.is_empty()),
+            admitted_by: annotation(ADMITTED_BY_ANNOTATION),
         }),
         _ => View::Ignored,
     }

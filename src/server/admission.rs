@@ -1,7 +1,7 @@
 //! The /validate and /mutate handlers: guards, decoding, the decision, holds, metrics.
 
 use super::state::{now_millis, AppState};
-use crate::admission::{decide, respond, Endpoint, PassReason, Verdict};
+use crate::admission::{decide, mark_admission, respond, Endpoint, PassReason, Verdict};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -178,7 +178,8 @@ async fn review(
     let now = now_millis();
     let decision = {
         let mut limiter = state.limiter();
-        decide(&request, endpoint, &policy, &mut limiter, now)
+        let decision = decide(&request, endpoint, &policy, &mut limiter, now);
+        mark_admission(&request, decision, &policy, now, &state.instance)
     };
     let rule = decision.rule.as_deref().unwrap_or("none");
     let operation = decision

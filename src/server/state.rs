@@ -20,6 +20,9 @@ pub struct AppState {
     tls_up: AtomicBool,
     shutting_down: AtomicBool,
     pub max_body_bytes: usize,
+    /// This process, as the `admitted-by` mark on pods its webhook admitted at once under
+    /// a gate rule: its own releaser does not seed them again (its limiter has them).
+    pub instance: String,
 }
 
 impl AppState {
@@ -35,6 +38,12 @@ impl AppState {
             tls_up: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             max_body_bytes,
+            instance: format!(
+                "{}/{}",
+                crate::releaser::hostname()
+                    .unwrap_or_else(|| format!("pid-{}", std::process::id())),
+                now_millis()
+            ),
         });
         state.publish_policy_gauges();
         state

@@ -49,6 +49,7 @@
 #                                is the bottleneck of a 100-StatefulSet rollout, whatever
 #                                the webhook does (measured: makespan 88-103 s for every
 #                                action, collateral 74-100 s even under gate)
+#   E2E_OUTAGE=6                 scenario 5: seconds churn-throttler stays down
 #   E2E_TIMEOUT=180              seconds for each ordinary wait
 #   E2E_ROLLOUT_TIMEOUT=1500     seconds for one mass rollout to converge
 #   E2E_KEEP=1                   keep the work dir (it is kept anyway on failure)
@@ -93,7 +94,7 @@ NODES=${E2E_NODES:-10}
 timeout=${E2E_TIMEOUT:-180}
 ROLLOUT_TIMEOUT=${E2E_ROLLOUT_TIMEOUT:-1500}
 KCM_QPS=${E2E_KCM_QPS:-200}
-OUTAGE=${E2E_OUTAGE:-4}
+OUTAGE=${E2E_OUTAGE:-6}
 OPTIN=churn-throttler.io/enabled
 SA_USER=system:serviceaccount:churn-throttler:churn-throttler
 STS_CONTROLLER=system:serviceaccount:kube-system:statefulset-controller
@@ -663,7 +664,15 @@ mass_rollout() {
     t_kill=$(now_ms)
     stop_proc webhook KILL
     say "[$tag] churn-throttler killed (SIGKILL) $(secs $((t_kill - t0))) s into the rollout; $FAULT_GATED_AT_KILL pods were gated"
-    sleep "$OUTAGE"
+    # Fail-open, shown directly: a StatefulSet created in an opted-in namespace while
+    # nothing answers gets its pod at once, with none of churn-throttler's marks (while
+    # the window is full, a live webhook would gate it).
+    sts_yaml "$FAILOPEN_NS" probe 1 '{ e2e: failopen }' | k apply -f - >/dev/null
+    if poll_for "the fail-open probe's pod" "$OUTAGE" 0.1 k -n "$FAILOPEN_NS" get pod probe-0; then
+      FAILOPEN_POD=$(k -n "$FAILOPEN_NS" get pod probe-0 -o json)
+      FAILOPEN_MS=$(( $(now_ms) - t_kill ))
+    fi
+    sleep "$(python3 -c "print(max(0, $OUTAGE - ($(now_ms) - $t_kill) / 1000))")"
     FAULT_LOG_LINES=$(wc -l <"$W/webhook-$tag.log")
     start_webhook "$tag" "$policy"
     # Until the new process listened, the API server could not reach it (fail-open).
@@ -912,13 +921,26 @@ fi
 if in_list faults "$SCENARIOS"; then
 section "5. faults: churn-throttler killed mid-rollout (gate) and restarted"
 FAULT_GATED_AT_KILL=0
+FAILOPEN_NS=e2e-failopen FAILOPEN_POD="" FAILOPEN_MS=""
+k create namespace "$FAILOPEN_NS" >/dev/null
+k label namespace "$FAILOPEN_NS" churn-throttler.io/enabled=true >/dev/null
+wait_for "ServiceAccount $FAILOPEN_NS/default" "$timeout" k -n "$FAILOPEN_NS" get serviceaccount default
 R=""
 mass_rollout gate faults fault || true
 if [[ -n "$R" ]]; then
   out_c=$(jget "$R" outage_creates); out_d=$(jget "$R" outage_deletes); out_g=$(jget "$R" outage_gated)
-  say "while no churn-throttler answered ($(secs $((LAST_TBACK - LAST_TKILL))) s): $out_c pods created ($out_g gated), $out_d deleted"
-  check "fail-open: the rollout went on while the webhook was down ($out_c created, none gated; $out_d deleted)" \
-    test $((out_c + out_d)) -gt 0 -a "$out_g" -eq 0
+  say "while no churn-throttler answered ($(secs $((LAST_TBACK - LAST_TKILL))) s): the mass rollout created $out_c pods ($out_g gated) and deleted $out_d (its StatefulSets wait for gated pods, which only a releaser lifts)"
+  marks=$(python3 -c '
+import json, sys
+p = json.loads(sys.argv[1] or "{}")
+m = p.get("metadata", {})
+marks = [k for k in list(m.get("labels", {})) + list(m.get("annotations", {})) if k.startswith("churn-throttler.io/")]
+marks += [g["name"] for g in p.get("spec", {}).get("schedulingGates", [])]
+print(",".join(marks) if p else "no pod")' "$FAILOPEN_POD")
+  check "fail-open: a StatefulSet created in an opted-in namespace while churn-throttler was down got its pod in ${FAILOPEN_MS:-?} ms, with no gate and no churn-throttler marks (${marks:-none})" \
+    test -n "$FAILOPEN_POD" -a -z "$marks"
+  poll_for "the fail-open probe Ready" "$timeout" 1 bash -c "[[ \"\$(kubectl -n $FAILOPEN_NS get sts probe -o jsonpath={.status.readyReplicas})\" == 1 ]]" \
+    && ok "fail-open: the probe StatefulSet is Ready" || bad "fail-open: the probe StatefulSet is not Ready"
   lead="$(tail -n +"$((FAULT_LOG_LINES + 1))" "$W/webhook-faults.log" | grep -m1 'windows seeded' || true)"
   seeded=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["fields"].get("seeded", -1))' "${lead:-"{\"fields\":{}}"}")
   gq=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["fields"].get("gated", -1))' "${lead:-"{\"fields\":{}}"}")
