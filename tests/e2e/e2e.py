@@ -374,6 +374,18 @@ def request_before(reqs, pred, ns, name, seen):
     return best
 
 
+def request_first(reqs, pred, ns, name, since, seen):
+    """The first request matching pred for ns/name answered after since and before the
+    watch saw its effect: for a deletion, the DELETE that set deletionTimestamp (later
+    DELETEs of the terminating pod are answered 200 too, and are not charged)."""
+    for r in reqs:
+        if r["done"] > seen + 2000:
+            break
+        if r["done"] >= since and r["ns"] == ns and r["name"] == name and pred(r):
+            return r
+    return None
+
+
 def most_inside(intervals, window):
     """The most intervals lying entirely inside one window [s, s + window): events whose
     moment is only known to lie within their interval, counted only where that is certain."""
@@ -396,7 +408,7 @@ def proven_counts(args, pods, excluded):
     dels, creates, starts, missing = [], [], [], 0
     for p in pods.values():
         if p["added"] is None and p["deleted"] is not None:
-            r = request_before(reqs, is_delete, p["ns"], p["name"], p["deleted"])
+            r = request_first(reqs, is_delete, p["ns"], p["name"], args.t0, p["deleted"])
             if r is None:
                 missing += 1
             elif not excluded(p["deleted"]):
