@@ -7,10 +7,11 @@
 //!   cargo run --example review_load -- --ca CA.crt --target https://127.0.0.1:8443/validate=8 \
 //!       --fixture tests/fixtures/pod-eviction.json --rate 100 --seconds 60 --out events.csv
 //!
-//! CSV columns: send_ms,recv_ms,target,status,allowed,code,patched (wall-clock Unix ms;
+//! CSV columns: send_ms,recv_ms,target,status,allowed,code,gated (wall-clock Unix ms;
 //! status is the HTTP status or 0 for a transport error; allowed is 1/0, empty when not
-//! decoded; code is response.status.code, e.g. 429; patched is 1 when the answer carries a
-//! patch, e.g. a scheduling gate). The summary goes to stderr; the exit code is 2 when a
+//! decoded; code is response.status.code, e.g. 429; gated is 1 when the answer puts the pod
+//! behind the scheduling gate, by its audit annotation `action: gate`: a pod admitted at
+//! once carries a patch too, the seeding mark). The summary goes to stderr; the exit code is 2 when a
 //! request failed or was dropped.
 
 use clap::Parser;
@@ -60,7 +61,7 @@ struct Record {
     status: u16,
     allowed: Option<bool>,
     code: Option<i64>,
-    patched: bool,
+    gated: bool,
 }
 
 fn unix_ms() -> u128 {
@@ -176,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
                 .body(body)
                 .send()
                 .await;
-            let (status, allowed, code, patched) = match sent {
+            let (status, allowed, code, gated) = match sent {
                 Ok(response) => {
                     let status = response.status().as_u16();
                     let value: Value = response.json().await.unwrap_or(Value::Null);
@@ -185,7 +186,7 @@ async fn main() -> anyhow::Result<()> {
                         status,
                         r["allowed"].as_bool(),
                         r["status"]["code"].as_i64(),
-                        r.get("patch").is_some(),
+                        r["auditAnnotations"]["action"] == "gate",
                     )
                 }
                 Err(_) => (0, None, None, false),
@@ -197,7 +198,7 @@ async fn main() -> anyhow::Result<()> {
                 status,
                 allowed,
                 code,
-                patched,
+                gated,
             };
             records.lock().await.push(record);
             drop(permit);
@@ -210,7 +211,7 @@ async fn main() -> anyhow::Result<()> {
     let records = records.lock().await;
     if let Some(path) = &args.out {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-        writeln!(out, "send_ms,recv_ms,target,status,allowed,code,patched")?;
+        writeln!(out, "send_ms,recv_ms,target,status,allowed,code,gated")?;
         for r in records.iter() {
             let allowed = r.allowed.map(|a| if a { "1" } else { "0" }).unwrap_or("");
             let code = r.code.map(|c| c.to_string()).unwrap_or_default();
@@ -223,7 +224,7 @@ async fn main() -> anyhow::Result<()> {
                 r.status,
                 allowed,
                 code,
-                u8::from(r.patched)
+                u8::from(r.gated)
             )?;
         }
     }

@@ -114,8 +114,8 @@ def main():
     verdicts.append((len(errors) == len(expected), f"no request failed except those to c while it was down ({len(errors) - len(expected)} others)"))
 
     # Gate rule: pods admitted without a gate, all replicas together, and by whom.
-    creates = read_events(f"{work}/creates.csv", lambda r: r["allowed"] == "1" and r["patched"] == "0")
-    gated = read_events(f"{work}/creates.csv", lambda r: r["patched"] == "1")
+    creates = read_events(f"{work}/creates.csv", lambda r: r["allowed"] == "1" and r["gated"] == "0")
+    gated = read_events(f"{work}/creates.csv", lambda r: r["gated"] == "1")
     top = max((total for _, total, _ in windows(creates, length)), default=0)
     by = {names[i]: sum(1 for _, t in creates if t == i) for i in range(3)}
     print(f"creations (gate rule, {gate_events} per {window_ms} ms, 10/s spread evenly): "
