@@ -21,13 +21,9 @@ pub fn respond(req: &AdmissionRequest<DynamicObject>, decision: &Decision) -> Ad
         Verdict::Warn { .. } => {
             response.warnings = Some(vec![message]);
         }
-        Verdict::AdmitMarked { patch } => {
-            response = match response.clone().with_patch(patch.clone()) {
-                Ok(patched) => patched,
-                Err(_) => response,
-            };
-        }
-        Verdict::Gate { patch } | Verdict::HoldPartition { patch, .. } => {
+        Verdict::Gate { patch }
+        | Verdict::HoldPartition { patch, .. }
+        | Verdict::AdmitMarked { patch } => {
             response.warnings = decision.message.clone().map(|m| vec![m]);
             response = match response.clone().with_patch(patch.clone()) {
                 Ok(patched) => patched,
