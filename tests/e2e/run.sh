@@ -391,7 +391,9 @@ start_webhook() { # start_webhook NAME POLICY: serve with the releaser, as the S
 # The global budget (docs/global-budget.md) starts a process at 1 event per window for the
 # policy's longest window + 2 s: what a predecessor admitted is unknown. A row measures an
 # action, not a restart, so it starts once that is over.
-warmed_up() { metrics | awk '$1 == "churn_throttler_budget_replicas" {found = 1; if ($2 < 1) exit 1} END {exit found ? 0 : 0}'; }
+# Over when the budget divides by a real replica count (0 while warming up); an exit in an
+# awk rule would be overridden by END's, so the verdict is taken there alone.
+warmed_up() { metrics | awk '$1 == "churn_throttler_budget_replicas" {found = 1; v = $2} END {exit (found && v >= 1) ? 0 : 1}'; }
 wait_warm_up() { wait_for "the global budget's warm-up over" $((2 * WINDOW + 30)) warmed_up; }
 leader() { [[ "$(metric churn_throttler_releaser_leader)" == 1 ]]; }
 released_more_and_gated() {
