@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Server benchmarks (issue 5): churn-throttler side by side with (a) the bare axum+rustls
-# baseline of the same stack and (b) a Go peer webhook, in one run, on 127.0.0.1 only.
+# baseline of the same stack and (b) Go peer webhooks (agnhost's, from Kubernetes' own
+# e2e tests, and bench/peer-go, a stand-in with k8slimiter's rate rule), in one run, on
+# 127.0.0.1 only.
 # Builds everything, starts the servers, runs the same load against each (fixed rates, then
 # maximum throughput), measures RSS after 100,000 distinct limiter buckets, prints a table
 # with ratios, and stops every server it started. Figures: docs/BENCHMARKS.md.
@@ -64,6 +66,18 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 say "building the Go peer (bench/peer-go)"
 (cd bench/peer-go && go build -o "$work/peer-go" .)
+# agnhost's webhook package, unmodified, from the module proxy at the control plane's
+# version; serve_loopback.go is added to it (an overlay may not touch the module cache, so
+# the build runs on a vendored copy) to listen on 127.0.0.1 instead of every interface.
+say "building the real Go peer (bench/peer-agnhost: k8s.io/kubernetes/test/images/agnhost/webhook)"
+agn_src=$work/peer-agnhost-src
+mkdir -p "$agn_src"
+cp bench/peer-agnhost/go.mod bench/peer-agnhost/go.sum bench/peer-agnhost/main.go "$agn_src/"
+(cd "$agn_src" && go mod vendor)
+agn_pkg=$agn_src/vendor/k8s.io/kubernetes/test/images/agnhost/webhook
+[ -f "$agn_pkg/pods.go" ] || { say "go mod vendor did not bring agnhost's webhook package to $agn_pkg"; exit 1; }
+printf '{"Replace":{"%s/serve_loopback.go":"%s/bench/peer-agnhost/overlay/serve_loopback.go"}}\n' "$agn_pkg" "$root" >"$agn_src/overlay.json"
+(cd "$agn_src" && go build -mod=vendor -overlay overlay.json -o "$work/peer-agnhost" .)
 
 say "certificates (certs/gen-certs.sh, ECDSA P-256, one pair for every server)"
 bash certs/gen-certs.sh -o "$work/certs" --dns localhost --ip 127.0.0.1 >"$work/certs.log" 2>&1
@@ -135,7 +149,9 @@ start_ct churn-throttler $((port + 2)) allow
 start_ct churn-throttler-throttled $((port + 3)) throttle
 start peer-go $((port + 4)) "$work/peer-go" --listen "127.0.0.1:$((port + 4))" --tls-cert "$crt" --tls-key "$key" --rate 1e12 --burst 1000000000
 start peer-go-throttled $((port + 5)) "$work/peer-go" --listen "127.0.0.1:$((port + 5))" --tls-cert "$crt" --tls-key "$key" --rate 2 --burst 20
-servers="baseline churn-throttler peer-go churn-throttler-throttled peer-go-throttled"
+start peer-agnhost $((port + 8)) "$work/peer-agnhost" --listen "127.0.0.1:$((port + 8))" --tls-cert "$crt" --tls-key "$key"
+url[peer-agnhost]=https://127.0.0.1:$((port + 8))/pods # agnhost's pod validator
+servers="baseline churn-throttler peer-agnhost peer-go churn-throttler-throttled peer-go-throttled"
 
 fixtures=(--fixture tests/fixtures/pod-create-replicaset.json --fixture tests/fixtures/pod-create-statefulset.json --fixture tests/fixtures/pod-delete-running.json)
 results=$work/results.txt
@@ -175,7 +191,7 @@ done
 
 say "memory: $buckets distinct namespaces through scope: namespace (one bucket each) and through scope: global"
 rss_lines=()
-for s in baseline churn-throttler peer-go; do
+for s in baseline churn-throttler peer-agnhost peer-go; do
   rss_lines+=("after the runs above|$s|$(rss_kib "${pid_of[$s]}")|$(hwm_kib "${pid_of[$s]}")|")
 done
 offset=6
@@ -216,14 +232,15 @@ def peer_of(label):
 print(f"\nload average (1, 5, 15 min): {load_start} at the start, {load_end} at the end\n")
 for proto in protos.split():
     print(f"### Fixed rates, {proto} (latency from the scheduled send time, ms)\n")
-    print("| rate | server | p50 | p99 | p99.9 | max | achieved/s | allowed | denied | errors | server CPU µs/req | p99 vs baseline |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| rate | server | p50 | p99 | p99.9 | max | achieved/s | allowed | denied | errors | server CPU µs/req | p99 vs baseline | p99 vs agnhost |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for rate in rates.split():
         rs = [r for r in rows if r["proto"] == proto and r["mode"].startswith("open@")
               and float(r["mode"].split("@")[1]) == float(rate)]
         base = next((num(r, "p99_ms") for r in rs if r["label"] == "baseline"), nan)
+        agn = next((num(r, "p99_ms") for r in rs if r["label"] == "peer-agnhost"), nan)
         for r in rs:
-            print(f"| {rate} | {r['label']} | {num(r,'p50_ms'):.3f} | {num(r,'p99_ms'):.3f} | {num(r,'p999_ms'):.3f} | {num(r,'max_ms'):.2f} | {num(r,'throughput'):.0f} | {r['allowed']} | {r['denied']} | {r['errors']} | {cpu_us(r):.0f} | {num(r,'p99_ms')/base:.2f}× |")
+            print(f"| {rate} | {r['label']} | {num(r,'p50_ms'):.3f} | {num(r,'p99_ms'):.3f} | {num(r,'p999_ms'):.3f} | {num(r,'max_ms'):.2f} | {num(r,'throughput'):.0f} | {r['allowed']} | {r['denied']} | {r['errors']} | {cpu_us(r):.0f} | {num(r,'p99_ms')/base:.2f}× | {num(r,'p99_ms')/agn:.2f}× |")
     print()
     closed = [r for r in rows if r["proto"] == proto and r["mode"].startswith("closed@")]
     if not closed:
@@ -234,14 +251,14 @@ for proto in protos.split():
     tp = {k: max(num(r, "throughput") for r in v) for k, v in by.items()}
     cpu = {k: min(cpu_us(r) for r in v) for k, v in by.items()}
     print(f"### Maximum throughput, {proto}, {closed[0]['mode'].split('@')[1]} workers (best of {max(len(v) for v in by.values())} rounds)\n")
-    print("| server | req/s per round | best req/s | vs baseline | vs peer | server CPU µs/req (best) | CPU vs baseline | CPU vs peer | p50 ms | p99 ms | errors |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| server | req/s per round | best req/s | vs baseline | vs agnhost | vs peer-go | server CPU µs/req (best) | CPU vs baseline | CPU vs agnhost | CPU vs peer-go | p50 ms | p99 ms | errors |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, v in by.items():
         b = max(v, key=lambda r: num(r, "throughput"))
         per = ", ".join(f"{num(r,'throughput'):.0f}" for r in v)
         errs = sum(int(r.get("errors", 0)) for r in v)
         peer = peer_of(k)
-        print(f"| {k} | {per} | {tp[k]:.0f} | {tp[k]/tp.get('baseline', nan):.2f}× | {tp[k]/tp.get(peer, nan):.2f}× | {cpu[k]:.0f} | {cpu[k]/cpu.get('baseline', nan):.2f}× | {cpu[k]/cpu.get(peer, nan):.2f}× | {num(b,'p50_ms'):.3f} | {num(b,'p99_ms'):.3f} | {errs} |")
+        print(f"| {k} | {per} | {tp[k]:.0f} | {tp[k]/tp.get('baseline', nan):.2f}× | {tp[k]/tp.get('peer-agnhost', nan):.2f}× | {tp[k]/tp.get(peer, nan):.2f}× | {cpu[k]:.0f} | {cpu[k]/cpu.get('baseline', nan):.2f}× | {cpu[k]/cpu.get('peer-agnhost', nan):.2f}× | {cpu[k]/cpu.get(peer, nan):.2f}× | {num(b,'p50_ms'):.3f} | {num(b,'p99_ms'):.3f} | {errs} |")
     print()
 print("### Resident memory (VmRSS, MiB)\n")
 print("| when | server | RSS | peak (VmHWM) | live buckets (metric) |")
