@@ -233,17 +233,18 @@ pub fn decide_churn(
             }
             match limiter.acquire(&ask(false), now) {
                 Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
-                Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
-                    gated(Some(slot.saturating_sub(now)))
-                }
+                Outcome::Reserved { slot }
+                | Outcome::Held { slot }
+                | Outcome::Refused { retry_at: slot, .. } => gated(Some(slot.saturating_sub(now))),
             }
         }
         Action::Hold | Action::RetryAfter => match limiter.acquire(&ask(true), now) {
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+            Outcome::Held { slot } => decided(Verdict::Hold { until: slot }, None),
             Outcome::Reserved { slot } => {
                 let wait = slot - now;
                 if wait <= hold_within {
-                    limiter.consume(&rule.name, &churn.identity);
+                    limiter.consume(&rule.name, &churn.identity, slot);
                     return decided(Verdict::Hold { until: slot }, None);
                 }
                 let seconds = retry_seconds(rule, &churn.identity, wait);
@@ -266,7 +267,9 @@ pub fn decide_churn(
         },
         Action::Deny => match limiter.acquire(&ask(false), now) {
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
-            Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
+            Outcome::Reserved { slot }
+            | Outcome::Held { slot }
+            | Outcome::Refused { retry_at: slot, .. } => {
                 let wait = slot.saturating_sub(now);
                 decided(
                     Verdict::Deny { wait_ms: wait },
@@ -276,7 +279,9 @@ pub fn decide_churn(
         },
         Action::Warn => match limiter.acquire(&ask(false), now) {
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
-            Outcome::Reserved { slot } | Outcome::Refused { retry_at: slot, .. } => {
+            Outcome::Reserved { slot }
+            | Outcome::Held { slot }
+            | Outcome::Refused { retry_at: slot, .. } => {
                 if !churn.dry_run {
                     limiter.record(
                         &rule.name,
@@ -317,18 +322,16 @@ fn round_up_secs(ms: Millis) -> u32 {
     (ms.div_ceil(1000)).clamp(1, u32::MAX as u64) as u32
 }
 
-/// Whole seconds (at least 1) for Retry-After. Exact identities are capped by
-/// `maxRetryAfter` (their early retry keeps its slot) and told to come back up to the
-/// arrival margin early (held until the slot); pool members get the full wait, since an
-/// early pool retry cannot be told apart from a new pod.
+/// Whole seconds (at least 1) for Retry-After, told so that the retry comes back up to
+/// the arrival margin before its slot (and is held until it). Exact identities are capped
+/// by `maxRetryAfter` (their early retry keeps its slot); pool members are not, since a
+/// pool retry that comes before the hold reach cannot be told apart from a new pod.
 fn retry_seconds(rule: &Rule, identity: &Identity, wait: Millis) -> u32 {
     let wait = match identity {
-        Identity::Exact(_) => wait
-            .min(rule.max_retry_after.as_millis() as Millis)
-            .saturating_sub(RETRY_ARRIVAL_MARGIN_MS),
+        Identity::Exact(_) => wait.min(rule.max_retry_after.as_millis() as Millis),
         Identity::Pool(_) => wait,
     };
-    round_up_secs(wait)
+    round_up_secs(wait.saturating_sub(RETRY_ARRIVAL_MARGIN_MS))
 }
 
 fn describe(churn: &ChurnRequest) -> String {

@@ -18,9 +18,10 @@ pub type Millis = u64;
 const MAX_GAP_CANDIDATES: usize = 64;
 
 /// Retry-After counts whole seconds, and a retry reaches the webhook a little after them
-/// (client, API server). An aligned slot of an exact identity lies this far past the whole
-/// seconds its client is told, so the retry comes early and is held until its slot: the
-/// charge then lies inside the request it stands for, never before it.
+/// (client, API server). An aligned slot lies this far past the whole seconds the client
+/// is told, so the retry comes early and is held until its slot: the charge then lies
+/// inside the request it stands for, never before it. A retry later than its slot gives
+/// the slot back and is decided afresh (see [`Limiter::acquire`]).
 pub const RETRY_ARRIVAL_MARGIN_MS: Millis = 500;
 
 /// How long past its slot an unclaimed reservation is kept for its retry.
@@ -83,6 +84,9 @@ pub enum Outcome {
     Claimed { slot: Millis },
     /// A slot is reserved for this identity at `slot` (> now); come back then.
     Reserved { slot: Millis },
+    /// A pool reservation due within `align_beyond` is now this request's: hold it until
+    /// `slot`, where it is charged.
+    Held { slot: Millis },
     /// No room now and nothing reserved; `retry_at` is the earliest sensible retry.
     Refused { retry_at: Millis, why: RefusedWhy },
 }
@@ -100,8 +104,15 @@ pub enum RefusedWhy {
 #[derive(Debug, Clone)]
 struct Reservation {
     slot: Millis,
+    cost: u32,
     namespace: Arc<str>,
     buckets: Vec<BucketKey>,
+}
+
+/// Where a reservation lives: an exact identity's key, or a pool's key and position.
+enum Place {
+    Exact((Arc<str>, String)),
+    Pool((Arc<str>, String), usize),
 }
 
 #[derive(Debug, Default)]
@@ -121,9 +132,17 @@ impl Bucket {
 
     /// Earliest `t >= now` where `cost` more charges fit in every window holding `t`.
     fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
-        let events = limit.events as usize;
+        self.earliest_for(limit.events, limit.window.as_millis() as Millis, cost, now)
+    }
+
+    /// [`Bucket::earliest`] for the limit this bucket was last charged under.
+    fn earliest_own(&self, cost: u32, now: Millis) -> Millis {
+        self.earliest_for(self.events, self.window, cost, now)
+    }
+
+    fn earliest_for(&self, events: u32, window: Millis, cost: u32, now: Millis) -> Millis {
+        let events = (events as usize).max(1);
         let cost = (cost as usize).clamp(1, events);
-        let window = limit.window.as_millis() as Millis;
         if now >= self.last() {
             return self.earliest_after_all(events, cost, window, now);
         }
@@ -171,30 +190,44 @@ impl Bucket {
         if self.span_has_room(t, events, cost, window) {
             return true;
         }
-        let lo = self.charges.partition_point(|&c| c + window <= t);
-        let hi = self.charges.partition_point(|&c| c <= t);
-        // Windows holding t start in (t - window, t]; the fullest starts at one of the
-        // charges in that range, or just after t - window.
-        let mut fullest = hi - lo;
-        let mut end = hi;
-        for start in lo..hi {
-            let from = self.charges[start];
-            while end < self.charges.len() && self.charges[end] < from + window {
-                end += 1;
-            }
-            fullest = fullest.max(end - start);
-        }
+        // A window's count only grows when its end passes a charge, so the fullest window
+        // holding t ends at t or at one of the charges in (t, t + window): reserved slots
+        // after t count as much as charges before it.
+        let ending_at = |end: Millis| {
+            let lo = self.charges.partition_point(|&c| c + window <= end);
+            let hi = self.charges.partition_point(|&c| c <= end);
+            hi - lo
+        };
+        let after = self.charges.partition_point(|&c| c <= t);
+        let until = self.charges.partition_point(|&c| c < t + window);
+        let fullest = (after..until)
+            .map(|i| ending_at(self.charges[i]))
+            .fold(ending_at(t), usize::max);
         fullest + cost <= events
     }
 
     fn charge(&mut self, at: Millis, cost: u32, limit: &Limit) {
-        let cost = cost.clamp(1, limit.events);
+        self.window = limit.window.as_millis() as Millis;
+        self.events = limit.events;
+        self.charge_own(at, cost);
+    }
+
+    fn charge_own(&mut self, at: Millis, cost: u32) {
+        let cost = cost.clamp(1, self.events.max(1));
         let index = self.charges.partition_point(|&c| c <= at);
         for _ in 0..cost {
             self.charges.insert(index, at);
         }
-        self.window = limit.window.as_millis() as Millis;
-        self.events = limit.events;
+    }
+
+    /// Removes `cost` charges made at `at` (a slot given back); charges already trimmed
+    /// are gone anyway.
+    fn uncharge(&mut self, at: Millis, cost: u32) {
+        let cost = (cost as usize).clamp(1, (self.events as usize).max(1));
+        let from = self.charges.partition_point(|&c| c < at);
+        let to = self.charges.partition_point(|&c| c <= at);
+        let n = (to - from).min(cost);
+        self.charges.drain(from..from + n);
     }
 
     /// Drops charges that no window holding `now` or a later time can see.
@@ -265,9 +298,15 @@ impl Limiter {
     }
 
     /// Decide, and unless `dry_run`, record.
+    ///
+    /// Every charge lies inside the request it stands for: at `now` when admitted, at the
+    /// slot when held until it. A retry that comes after its slot cannot be charged there
+    /// (the event happens now, not then), so it gives its slot back and is decided like a
+    /// new request: admitted if `now` has room, else given a new slot. Charging it at the
+    /// old slot would let real events exceed the limit in windows the slot was not in.
     pub fn acquire(&mut self, ask: &Ask<'_>, now: Millis) -> Outcome {
         let rule = ask.rule.clone();
-        if let Some(outcome) = self.claim(&rule, ask.identity, now, ask.dry_run) {
+        if let Some(outcome) = self.claim(&rule, ask, now) {
             return outcome;
         }
         let keys = self.bucket_keys(ask);
@@ -311,8 +350,14 @@ impl Limiter {
                     let retry_at = self
                         .earliest_reservation_of(&namespace, key)
                         .unwrap_or(slot);
+                    // A reservation already due waits for its late client: ask again in a second.
+                    let retry_at = if retry_at <= now {
+                        now + 1_000
+                    } else {
+                        retry_at
+                    };
                     return Outcome::Refused {
-                        retry_at: retry_at.max(now + 1),
+                        retry_at,
                         why: RefusedWhy::NamespaceShare,
                     };
                 }
@@ -325,42 +370,47 @@ impl Limiter {
             };
         }
         self.charge_all(&keys, ask.limits, slot, ask.cost, now);
-        for key in &keys {
+        self.keep(
+            ask,
+            Reservation {
+                slot,
+                cost: ask.cost,
+                namespace,
+                buckets: keys,
+            },
+        );
+        Outcome::Reserved { slot }
+    }
+
+    /// Stores a reservation for the ask's identity and counts it in its namespace's share.
+    fn keep(&mut self, ask: &Ask<'_>, reservation: Reservation) {
+        for key in &reservation.buckets {
             if let Some(bucket) = self.buckets.get_mut(key) {
                 *bucket
                     .reserved_by_namespace
-                    .entry(namespace.clone())
+                    .entry(reservation.namespace.clone())
                     .or_insert(0) += 1;
             }
         }
-        let reservation = Reservation {
-            slot,
-            namespace,
-            buckets: keys,
-        };
+        let rule = ask.rule.clone();
         match ask.identity {
             Identity::Exact(id) => {
                 self.exact.insert((rule, id.clone()), reservation);
             }
             Identity::Pool(id) => {
-                self.pools
-                    .entry((rule, id.clone()))
-                    .or_default()
-                    .push_back(reservation);
+                let pool = self.pools.entry((rule, id.clone())).or_default();
+                // Kept in slot order: a late member's new slot may lie before others'.
+                let index = pool.partition_point(|r| r.slot <= reservation.slot);
+                pool.insert(index, reservation);
             }
         }
         self.reservation_count += 1;
-        Outcome::Reserved { slot }
     }
 
-    /// `slot` moved up to a whole number of seconds after `now` (plus the arrival margin
-    /// for an exact identity), if every bucket has room there; otherwise `slot` itself.
+    /// `slot` moved up to a whole number of seconds after `now` plus the arrival margin,
+    /// if every bucket has room there; otherwise `slot` itself.
     fn aligned(&self, keys: &[BucketKey], ask: &Ask<'_>, now: Millis, slot: Millis) -> Millis {
-        // An early pool retry cannot be told from a new pod, so pools get no margin.
-        let margin = match ask.identity {
-            Identity::Exact(_) => RETRY_ARRIVAL_MARGIN_MS,
-            Identity::Pool(_) => 0,
-        };
+        let margin = RETRY_ARRIVAL_MARGIN_MS;
         let seconds = (slot - now).saturating_sub(margin).div_ceil(1000).max(1);
         let rounded = now + seconds * 1000 + margin;
         let fits = keys.iter().zip(ask.limits).all(|(key, limit)| {
@@ -375,58 +425,194 @@ impl Limiter {
         }
     }
 
-    /// A request whose reservation exists: due ones are used up, early ones wait.
-    fn claim(
-        &mut self,
-        rule: &Arc<str>,
-        identity: &Identity,
-        now: Millis,
-        dry_run: bool,
-    ) -> Option<Outcome> {
-        match identity {
-            Identity::Exact(id) => {
-                let key = (rule.clone(), id.clone());
-                let slot = self.exact.get(&key)?.slot;
-                if slot > now {
-                    return Some(Outcome::Reserved { slot });
+    /// A request whose reservation exists: due ones are used up, early ones wait, late
+    /// ones give their slot back (`None`: decide afresh).
+    fn claim(&mut self, rule: &Arc<str>, ask: &Ask<'_>, now: Millis) -> Option<Outcome> {
+        let key = match ask.identity {
+            Identity::Exact(id) | Identity::Pool(id) => (rule.clone(), id.clone()),
+        };
+        // Which reservation this request would use: an exact identity's own; for a pool,
+        // the latest one already due (older ones are more likely left by members that
+        // never came back, and keeping the latest would block the window it lies in),
+        // else the earliest.
+        let (index, slot) = match ask.identity {
+            Identity::Exact(_) => (0, self.exact.get(&key)?.slot),
+            Identity::Pool(_) => {
+                let pool = self.pools.get(&key)?;
+                match pool.iter().rposition(|r| r.slot <= now) {
+                    Some(index) => (index, pool[index].slot),
+                    None => (0, pool.front()?.slot),
                 }
-                if !dry_run {
-                    if let Some(r) = self.exact.remove(&key) {
-                        self.release_share(&r);
-                    }
-                }
-                Some(Outcome::Claimed { slot })
             }
-            Identity::Pool(id) => {
-                let key = (rule.clone(), id.clone());
-                let pool = self.pools.get_mut(&key)?;
-                // Slots are appended in time order, so the front is the earliest.
-                let slot = pool.front()?.slot;
-                if slot > now {
-                    // Not due: this may be a new pod of the pool, so it gets its own slot.
-                    return None;
+        };
+        if slot > now {
+            return match ask.identity {
+                Identity::Exact(_) => Some(Outcome::Reserved { slot }),
+                // Pool members are interchangeable: one that comes within the hold reach
+                // of the earliest slot takes it (a retry a little early, or a new pod).
+                Identity::Pool(_) => {
+                    let reach = ask.align_beyond.filter(|_| ask.reserve && !ask.dry_run)?;
+                    if slot > now + reach {
+                        // Not due: this may be a new pod of the pool, so it gets its own slot.
+                        return None;
+                    }
+                    let reservation = self.take_reservation(&key, ask.identity, index)?;
+                    self.release_share(&reservation);
+                    Some(Outcome::Held { slot })
                 }
-                if dry_run {
-                    return Some(Outcome::Claimed { slot });
-                }
-                let reservation = pool.pop_front()?;
+            };
+        }
+        if ask.dry_run {
+            return Some(Outcome::Claimed { slot });
+        }
+        let reservation = self.take_reservation(&key, ask.identity, index)?;
+        self.release_share(&reservation);
+        if slot == now {
+            return Some(Outcome::Claimed { slot });
+        }
+        Some(self.reclaim_late(ask, reservation, now))
+    }
+
+    /// Removes the reservation a claim uses: an exact identity's own, a pool's `index`th.
+    fn take_reservation(
+        &mut self,
+        key: &(Arc<str>, String),
+        identity: &Identity,
+        index: usize,
+    ) -> Option<Reservation> {
+        match identity {
+            Identity::Exact(_) => self.exact.remove(key),
+            Identity::Pool(_) => {
+                let pool = self.pools.get_mut(key)?;
+                let reservation = pool.remove(index);
                 if pool.is_empty() {
-                    self.pools.remove(&key);
+                    self.pools.remove(key);
                 }
-                self.release_share(&reservation);
-                Some(Outcome::Claimed { slot })
+                reservation
             }
         }
     }
 
-    /// Marks a reserved slot as used by a request that is being held until it.
-    pub fn consume(&mut self, rule: &Arc<str>, identity: &Identity) {
+    /// A retry that comes after its slot: the event happens now, not then. Its slot is
+    /// given back, it is placed at the earliest time from `now` with room, ahead of every
+    /// reservation still to come, and those move back as far as they must, in order. Its
+    /// own slot, given back, is what makes room: a retry late by less than a window is
+    /// admitted at once, so a slow client neither loses its place nor livelocks.
+    fn reclaim_late(&mut self, ask: &Ask<'_>, late: Reservation, now: Millis) -> Outcome {
+        let later = self.reservations_after(&late.buckets, now);
+        self.uncharge(&late.buckets, late.slot, late.cost);
+        for (old_slot, place) in &later {
+            let r = self.reservation(place);
+            let (buckets, cost) = (r.buckets.clone(), r.cost);
+            self.uncharge(&buckets, *old_slot, cost);
+        }
+
+        let earliest = self.earliest_in(&late.buckets, late.cost, now);
+        let reach = ask.align_beyond.unwrap_or(0);
+        let (outcome, kept) = if earliest <= now {
+            self.charge_in(&late.buckets, now, late.cost);
+            (Outcome::Claimed { slot: now }, None)
+        } else if earliest - now <= reach {
+            // The server holds it until then: charged there, nothing to claim later.
+            self.charge_in(&late.buckets, earliest, late.cost);
+            (Outcome::Held { slot: earliest }, None)
+        } else {
+            let slot = self.aligned(&late.buckets, ask, now, earliest);
+            self.charge_in(&late.buckets, slot, late.cost);
+            (
+                Outcome::Reserved { slot },
+                Some(Reservation { slot, ..late }),
+            )
+        };
+
+        for (old_slot, place) in later {
+            let r = self.reservation(&place);
+            let (buckets, cost) = (r.buckets.clone(), r.cost);
+            let slot = self.earliest_in(&buckets, cost, old_slot);
+            self.charge_in(&buckets, slot, cost);
+            self.reservation_mut(&place).slot = slot;
+        }
+        for pool in self.pools.values_mut() {
+            pool.make_contiguous().sort_by_key(|r| r.slot);
+        }
+        // Stored last: a pool's positions listed in `later` must not shift before.
+        if let Some(reservation) = kept {
+            self.keep(ask, reservation);
+        }
+        outcome
+    }
+
+    /// Reservations due after `now` that share a bucket with `buckets`, earliest first.
+    fn reservations_after(&self, buckets: &[BucketKey], now: Millis) -> Vec<(Millis, Place)> {
+        let shares =
+            |r: &Reservation| r.slot > now && r.buckets.iter().any(|b| buckets.contains(b));
+        let exact = self
+            .exact
+            .iter()
+            .filter(|(_, r)| shares(r))
+            .map(|(key, r)| (r.slot, Place::Exact(key.clone())));
+        let pooled = self.pools.iter().flat_map(|(key, pool)| {
+            pool.iter()
+                .enumerate()
+                .filter(|(_, r)| shares(r))
+                .map(|(index, r)| (r.slot, Place::Pool(key.clone(), index)))
+        });
+        let mut later: Vec<(Millis, Place)> = exact.chain(pooled).collect();
+        later.sort_by_key(|(slot, _)| *slot);
+        later
+    }
+
+    fn reservation(&self, place: &Place) -> &Reservation {
+        match place {
+            Place::Exact(key) => &self.exact[key],
+            Place::Pool(key, index) => &self.pools[key][*index],
+        }
+    }
+
+    fn reservation_mut(&mut self, place: &Place) -> &mut Reservation {
+        match place {
+            Place::Exact(key) => self.exact.get_mut(key).expect("listed reservation"),
+            Place::Pool(key, index) => &mut self.pools.get_mut(key).expect("listed pool")[*index],
+        }
+    }
+
+    /// Earliest time from `from` with room in every bucket, each under its own limit.
+    fn earliest_in(&self, buckets: &[BucketKey], cost: u32, from: Millis) -> Millis {
+        buckets
+            .iter()
+            .filter_map(|key| self.buckets.get(key))
+            .map(|bucket| bucket.earliest_own(cost, from))
+            .max()
+            .unwrap_or(from)
+    }
+
+    fn charge_in(&mut self, buckets: &[BucketKey], at: Millis, cost: u32) {
+        for key in buckets {
+            if let Some(bucket) = self.buckets.get_mut(key) {
+                bucket.charge_own(at, cost);
+            }
+        }
+    }
+
+    fn uncharge(&mut self, buckets: &[BucketKey], at: Millis, cost: u32) {
+        for key in buckets {
+            if let Some(bucket) = self.buckets.get_mut(key) {
+                bucket.uncharge(at, cost);
+            }
+        }
+    }
+
+    /// Marks the reservation at `slot` as used by a request that is being held until it.
+    pub fn consume(&mut self, rule: &Arc<str>, identity: &Identity, slot: Millis) {
         let reservation = match identity {
             Identity::Exact(id) => self.exact.remove(&(rule.clone(), id.clone())),
             Identity::Pool(id) => {
                 let key = (rule.clone(), id.clone());
-                // A held pool request was just given the newest slot of its pool.
-                let r = self.pools.get_mut(&key).and_then(|p| p.pop_back());
+                let pool = self.pools.get_mut(&key);
+                let r = pool.and_then(|p| {
+                    let index = p.iter().rposition(|r| r.slot == slot)?;
+                    p.remove(index)
+                });
                 if self.pools.get(&key).is_some_and(|p| p.is_empty()) {
                     self.pools.remove(&key);
                 }

@@ -274,38 +274,60 @@ struct Arrival {
     namespace: u8,
     pool: bool,
     early_retry: bool,
+    /// How far from its slot this client's retries arrive: negative is early (within the
+    /// arrival margin, so it is held), positive late (slow client or API server).
+    retry_offset_ms: i64,
 }
 
 fn arrivals() -> impl Strategy<Value = Vec<Arrival>> {
+    let offset = prop_oneof![
+        Just(0i64),
+        -(RETRY_ARRIVAL_MARGIN_MS as i64)..0,
+        1i64..1_500,
+    ];
     prop::collection::vec(
-        (0u64..400, 0u8..4, any::<bool>(), prop::bool::weighted(0.2)).prop_map(
-            |(gap_ms, namespace, pool, early_retry)| Arrival {
-                gap_ms,
-                namespace,
-                pool,
-                early_retry,
-            },
-        ),
+        (
+            0u64..400,
+            0u8..4,
+            any::<bool>(),
+            prop::bool::weighted(0.2),
+            offset,
+        )
+            .prop_map(
+                |(gap_ms, namespace, pool, early_retry, retry_offset_ms)| Arrival {
+                    gap_ms,
+                    namespace,
+                    pool,
+                    early_retry,
+                    retry_offset_ms,
+                },
+            ),
         1..200,
     )
 }
 
-/// Drives arrivals through the limiter with clients that come back at their slot
-/// (or once early, as a retry with a capped Retry-After would) and records charges.
+/// Drives arrivals through the limiter as the server does (a slot within the hold reach
+/// is held until; farther ones are told to come back), with clients that come back
+/// early, on time or late, and records when each request really got in.
 struct Run {
-    /// (time charged, namespace) for every logical request admitted.
+    /// (time admitted, namespace) for every logical request: `now` when admitted or
+    /// claimed, the slot when held until it.
     charges: Vec<(u64, u8)>,
-    /// Reserved slots in the order they were handed out.
+    /// Reserved slots in the order they were handed out to requests that came on time.
     reserved_order: Vec<u64>,
     admitted_requests: usize,
     max_buckets_seen: usize,
     limiter: Limiter,
 }
 
-fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival]) -> Run {
+/// `hold`: decide as hold and retry-after rules do (slots within the arrival margin are
+/// held, farther ones aligned to whole seconds), with clients early, on time or late;
+/// otherwise plain reservations and clients on time.
+fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival], hold: bool) -> Run {
     let rule: Arc<str> = Arc::from("rule");
     let limits = [limit(events, window_ms, Scope::Global)];
     let mut limiter = Limiter::new(64);
+    let reach = if hold { RETRY_ARRIVAL_MARGIN_MS } else { 0 };
     // (time, sequence, request index, is early retry)
     let mut queue: BinaryHeap<Reverse<(u64, usize, usize, bool)>> = BinaryHeap::new();
     let mut now = 0;
@@ -323,8 +345,10 @@ fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival]) -> Run {
         })
         .collect();
     let mut seq = 0;
+    let mut first_arrival = vec![0; input.len()];
     for (i, a) in input.iter().enumerate() {
         now += a.gap_ms;
+        first_arrival[i] = now;
         queue.push(Reverse((now, seq, i, false)));
         seq += 1;
     }
@@ -342,29 +366,45 @@ fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival]) -> Run {
         let (identity, ns) = &identities[i];
         let mut request = ask(&rule, &limits, ns, identity);
         request.max_reserved_per_namespace = share;
+        request.align_beyond = hold.then_some(reach);
+        let namespace = input[i].namespace;
         match limiter.acquire(&request, at) {
             Outcome::Admitted => {
-                run.charges.push((at, input[i].namespace));
+                run.charges.push((at, namespace));
                 run.admitted_requests += 1;
             }
             Outcome::Claimed { slot } => {
-                assert!(slot <= at);
-                run.charges.push((slot, input[i].namespace));
+                assert_eq!(slot, at, "a late claim must be decided afresh");
+                run.charges.push((at, namespace));
+                run.admitted_requests += 1;
+            }
+            Outcome::Held { slot } => {
+                assert!(slot > at && slot <= at + reach);
+                run.charges.push((slot, namespace));
+                run.admitted_requests += 1;
+            }
+            Outcome::Reserved { slot } if slot - at <= reach => {
+                // The server holds it until the slot, which it uses up.
+                limiter.consume(&rule, identity, slot);
+                run.charges.push((slot, namespace));
                 run.admitted_requests += 1;
             }
             Outcome::Reserved { slot } => {
-                if !early && !matches!(identity, Identity::Pool(_))
-                    || !run.reserved_order.contains(&slot)
-                {
+                // A late retry keeps its place ahead of newer reservations, so FIFO is
+                // checked on first arrivals.
+                if at == first_arrival[i] && !matches!(identity, Identity::Pool(_)) {
                     run.reserved_order.push(slot);
                 }
-                // Pool members are never told less than their full wait, so only exact ones come early.
+                // Pool members are never told less than their full wait, so only exact
+                // ones come back far too early.
                 let retry_at = if input[i].early_retry && !early && !input[i].pool {
                     at + (slot - at) / 2
                 } else {
-                    slot
+                    // Without holds, clients come back on time: a late one moves the
+                    // slots after it, which is checked with holds.
+                    slot.saturating_add_signed(if hold { input[i].retry_offset_ms } else { 0 })
                 };
-                queue.push(Reverse((retry_at, seq, i, retry_at < slot)));
+                queue.push(Reverse((retry_at, seq, i, retry_at + reach < slot)));
                 seq += 1;
             }
             Outcome::Refused { retry_at, .. } => {
@@ -386,7 +426,7 @@ proptest! {
     fn no_window_ever_holds_more_than_the_limit(
         events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
     ) {
-        let run = drive(events, window_ms, share, &input);
+        let run = drive(events, window_ms, share, &input, true);
         let mut times: Vec<u64> = run.charges.iter().map(|c| c.0).collect();
         times.sort_unstable();
         for (i, &start) in times.iter().enumerate() {
@@ -399,7 +439,9 @@ proptest! {
     fn every_request_is_admitted_once_and_reservations_are_fifo(
         events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
     ) {
-        let run = drive(events, window_ms, share, &input);
+        // Aligning slots to whole seconds may hand a later request an earlier gap, so
+        // FIFO is checked on plain reservations.
+        let run = drive(events, window_ms, share, &input, false);
         // Every logical request got in exactly once: retries were not charged twice.
         prop_assert_eq!(run.admitted_requests, input.len());
         prop_assert_eq!(run.charges.len(), input.len());
@@ -413,7 +455,7 @@ proptest! {
     fn memory_is_bounded_and_returns_to_zero(
         events in 1u32..6, window_ms in 100u64..3_000, input in arrivals()
     ) {
-        let mut run = drive(events, window_ms, 4, &input);
+        let mut run = drive(events, window_ms, 4, &input, true);
         prop_assert!(run.max_buckets_seen <= 1);
         let usage = run.limiter.sweep(u64::MAX / 4);
         prop_assert_eq!((usage.buckets, usage.reservations), (0, 0));
@@ -457,8 +499,9 @@ fn retry_after_slots_are_aligned_to_whole_seconds_from_now() {
 }
 
 #[test]
-fn pool_slots_are_aligned_without_the_arrival_margin() {
-    // An early pool retry would take a new slot, so pools are told the full wait.
+fn pool_slots_are_aligned_and_an_early_member_is_held_for_the_earliest() {
+    // Pool members are told to come back the arrival margin early too: one that comes
+    // within the hold reach of the pool's earliest slot takes it and is held until then.
     let rule: Arc<str> = Arc::from("r");
     let limits = [limit(1, 1_000, Scope::Global)];
     let mut limiter = Limiter::new(100);
@@ -468,10 +511,83 @@ fn pool_slots_are_aligned_without_the_arrival_margin() {
         Outcome::Admitted
     );
     let pool = Identity::Pool("pod-create:ns/web-".into());
-    let mut late = ask(&rule, &limits, "ns", &pool);
-    late.align_beyond = Some(0);
+    let mut member = ask(&rule, &limits, "ns", &pool);
+    member.align_beyond = Some(RETRY_ARRIVAL_MARGIN_MS);
+    let slot = 1_300 + RETRY_ARRIVAL_MARGIN_MS;
+    assert_eq!(limiter.acquire(&member, 300), Outcome::Reserved { slot });
+    assert_eq!(limiter.acquire(&member, 1_350), Outcome::Held { slot });
+    assert_eq!(limiter.reservation_count(), 0);
+    // Nothing more was charged: the next member goes a window after the held one.
     assert_eq!(
-        limiter.acquire(&late, 300),
-        Outcome::Reserved { slot: 1_300 }
+        limiter.acquire(&member, 1_400),
+        Outcome::Reserved {
+            slot: 2_400 + RETRY_ARRIVAL_MARGIN_MS
+        }
     );
+}
+
+#[test]
+fn reserved_slots_after_now_count_in_every_window_holding_now() {
+    // Nothing was charged in the window before 1,100 ms, but a slot is reserved at
+    // 1,800 ms: admitting at 1,100 would put two events in (800, 1,800].
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let (a, b, c) = (exact("a"), exact("b"), exact("c"));
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &a), 0),
+        Outcome::Admitted
+    );
+    let mut aligned = ask(&rule, &limits, "ns", &b);
+    aligned.align_beyond = Some(0);
+    assert_eq!(
+        limiter.acquire(&aligned, 300),
+        Outcome::Reserved { slot: 1_800 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 1_100),
+        Outcome::Reserved { slot: 2_800 }
+    );
+}
+
+#[test]
+fn a_late_retry_is_admitted_when_it_comes_and_later_slots_move_back() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 1_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let (a, b, c) = (exact("a"), exact("b"), exact("c"));
+    let key = BucketKey {
+        rule: rule.clone(),
+        limit: 0,
+        scope: ScopeKey::Global,
+    };
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &a), 0),
+        Outcome::Admitted
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 100),
+        Outcome::Reserved { slot: 1_000 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 200),
+        Outcome::Reserved { slot: 2_000 }
+    );
+    // b comes 300 ms after its slot: the event happens now, so it is charged now (its
+    // slot, given back, makes the room) and c's slot moves a window after it.
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &b), 1_300),
+        Outcome::Claimed { slot: 1_300 }
+    );
+    assert_eq!(limiter.used(&key, 1_000), 0, "the old slot is given back");
+    assert_eq!(limiter.used(&key, 1_300), 1);
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 2_000),
+        Outcome::Reserved { slot: 2_300 }
+    );
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 2_300),
+        Outcome::Claimed { slot: 2_300 }
+    );
+    assert_eq!(limiter.reservation_count(), 0);
 }
