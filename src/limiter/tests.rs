@@ -395,8 +395,8 @@ fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival], hold: bool)
                 if at == first_arrival[i] && !matches!(identity, Identity::Pool(_)) {
                     run.reserved_order.push(slot);
                 }
-                // Pool members are never told less than their full wait, so only exact
-                // ones come back far too early.
+                // Pool members are told their whole wait (less the arrival margin), so
+                // only exact ones come back far too early.
                 let retry_at = if input[i].early_retry && !early && !input[i].pool {
                     at + (slot - at) / 2
                 } else {
