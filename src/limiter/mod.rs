@@ -20,8 +20,8 @@ const MAX_GAP_CANDIDATES: usize = 64;
 /// Retry-After counts whole seconds, and a retry reaches the webhook a little after them
 /// (client, API server). An aligned slot lies this far past the whole seconds the client
 /// is told, so the retry comes early and is held until its slot: the charge then lies
-/// inside the request it stands for, never before it. A retry later than its slot gives
-/// the slot back and is decided afresh (see [`Limiter::acquire`]).
+/// inside the request it stands for, never before it. A retry later than its slot is
+/// charged when it comes (see [`Limiter::acquire`]).
 pub const RETRY_ARRIVAL_MARGIN_MS: Millis = 500;
 
 /// How long past its slot an unclaimed reservation is kept for its retry.
@@ -84,8 +84,9 @@ pub enum Outcome {
     Claimed { slot: Millis },
     /// A slot is reserved for this identity at `slot` (> now); come back then.
     Reserved { slot: Millis },
-    /// A pool reservation due within `align_beyond` is now this request's: hold it until
-    /// `slot`, where it is charged.
+    /// Hold this request until `slot`, where it is charged; nothing is left to claim. For
+    /// a pool member within `align_beyond` of the pool's earliest slot, or a late retry
+    /// whose earliest room is that near.
     Held { slot: Millis },
     /// No room now and nothing reserved; `retry_at` is the earliest sensible retry.
     Refused { retry_at: Millis, why: RefusedWhy },
@@ -113,6 +114,15 @@ struct Reservation {
 enum Place {
     Exact((Arc<str>, String)),
     Pool((Arc<str>, String), usize),
+}
+
+/// A reservation after a late retry's, taken out and placed again behind it.
+struct Later {
+    /// Its slot before it moves.
+    slot: Millis,
+    cost: u32,
+    buckets: Vec<BucketKey>,
+    place: Place,
 }
 
 #[derive(Debug, Default)]
@@ -301,9 +311,9 @@ impl Limiter {
     ///
     /// Every charge lies inside the request it stands for: at `now` when admitted, at the
     /// slot when held until it. A retry that comes after its slot cannot be charged there
-    /// (the event happens now, not then), so it gives its slot back and is decided like a
-    /// new request: admitted if `now` has room, else given a new slot. Charging it at the
-    /// old slot would let real events exceed the limit in windows the slot was not in.
+    /// (the event happens now, not then): charging it at the old slot would let real
+    /// events exceed the limit in windows the slot was not in. It is charged from `now`
+    /// instead, ahead of the reservations after it ([`Limiter::reclaim_late`]).
     pub fn acquire(&mut self, ask: &Ask<'_>, now: Millis) -> Outcome {
         let rule = ask.rule.clone();
         if let Some(outcome) = self.claim(&rule, ask, now) {
@@ -426,7 +436,7 @@ impl Limiter {
     }
 
     /// A request whose reservation exists: due ones are used up, early ones wait, late
-    /// ones give their slot back (`None`: decide afresh).
+    /// ones are placed again from `now`. `None`: no reservation to use, decide afresh.
     fn claim(&mut self, rule: &Arc<str>, ask: &Ask<'_>, now: Millis) -> Option<Outcome> {
         let key = match ask.identity {
             Identity::Exact(id) | Identity::Pool(id) => (rule.clone(), id.clone()),
@@ -501,10 +511,8 @@ impl Limiter {
     fn reclaim_late(&mut self, ask: &Ask<'_>, late: Reservation, now: Millis) -> Outcome {
         let later = self.reservations_after(&late.buckets, now);
         self.uncharge(&late.buckets, late.slot, late.cost);
-        for (old_slot, place) in &later {
-            let r = self.reservation(place);
-            let (buckets, cost) = (r.buckets.clone(), r.cost);
-            self.uncharge(&buckets, *old_slot, cost);
+        for r in &later {
+            self.uncharge(&r.buckets, r.slot, r.cost);
         }
 
         let earliest = self.earliest_in(&late.buckets, late.cost, now);
@@ -525,15 +533,19 @@ impl Limiter {
             )
         };
 
-        for (old_slot, place) in later {
-            let r = self.reservation(&place);
-            let (buckets, cost) = (r.buckets.clone(), r.cost);
-            let slot = self.earliest_in(&buckets, cost, old_slot);
-            self.charge_in(&buckets, slot, cost);
-            self.reservation_mut(&place).slot = slot;
+        let mut moved_pools = Vec::new();
+        for r in later {
+            let slot = self.earliest_in(&r.buckets, r.cost, r.slot);
+            self.charge_in(&r.buckets, slot, r.cost);
+            self.reservation_mut(&r.place).slot = slot;
+            if let Place::Pool(key, _) = r.place {
+                moved_pools.push(key);
+            }
         }
-        for pool in self.pools.values_mut() {
-            pool.make_contiguous().sort_by_key(|r| r.slot);
+        for key in moved_pools {
+            if let Some(pool) = self.pools.get_mut(&key) {
+                pool.make_contiguous().sort_by_key(|r| r.slot);
+            }
         }
         // Stored last: a pool's positions listed in `later` must not shift before.
         if let Some(reservation) = kept {
@@ -543,30 +555,29 @@ impl Limiter {
     }
 
     /// Reservations due after `now` that share a bucket with `buckets`, earliest first.
-    fn reservations_after(&self, buckets: &[BucketKey], now: Millis) -> Vec<(Millis, Place)> {
+    fn reservations_after(&self, buckets: &[BucketKey], now: Millis) -> Vec<Later> {
         let shares =
             |r: &Reservation| r.slot > now && r.buckets.iter().any(|b| buckets.contains(b));
+        let later = |r: &Reservation, place: Place| Later {
+            slot: r.slot,
+            cost: r.cost,
+            buckets: r.buckets.clone(),
+            place,
+        };
         let exact = self
             .exact
             .iter()
             .filter(|(_, r)| shares(r))
-            .map(|(key, r)| (r.slot, Place::Exact(key.clone())));
+            .map(|(key, r)| later(r, Place::Exact(key.clone())));
         let pooled = self.pools.iter().flat_map(|(key, pool)| {
             pool.iter()
                 .enumerate()
                 .filter(|(_, r)| shares(r))
-                .map(|(index, r)| (r.slot, Place::Pool(key.clone(), index)))
+                .map(|(index, r)| later(r, Place::Pool(key.clone(), index)))
         });
-        let mut later: Vec<(Millis, Place)> = exact.chain(pooled).collect();
-        later.sort_by_key(|(slot, _)| *slot);
-        later
-    }
-
-    fn reservation(&self, place: &Place) -> &Reservation {
-        match place {
-            Place::Exact(key) => &self.exact[key],
-            Place::Pool(key, index) => &self.pools[key][*index],
-        }
+        let mut all: Vec<Later> = exact.chain(pooled).collect();
+        all.sort_by_key(|r| r.slot);
+        all
     }
 
     fn reservation_mut(&mut self, place: &Place) -> &mut Reservation {

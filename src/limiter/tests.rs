@@ -374,7 +374,7 @@ fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival], hold: bool)
                 run.admitted_requests += 1;
             }
             Outcome::Claimed { slot } => {
-                assert_eq!(slot, at, "a late claim must be decided afresh");
+                assert_eq!(slot, at, "a late claim is charged when it comes");
                 run.charges.push((at, namespace));
                 run.admitted_requests += 1;
             }
