@@ -6,6 +6,10 @@
 //! most `events - k` charges lie in `(t - window, t]`; so the earliest slot is
 //! `charges[n - 1 - (events - k)] + window`. Slots are only ever appended, which
 //! makes that formula exact for "at most `events` in ANY interval of length `window`".
+//!
+//! A limit with a `burst` below its events adds a spacing constraint on the same charges,
+//! a GCRA (virtual scheduling) with tolerance `burst - 1` intervals: after at most `burst`
+//! at once, consecutive charges lie `spacing` apart. Both must hold at every charge.
 
 use crate::policy::{Limit, Scope};
 use std::collections::{HashMap, VecDeque};
@@ -125,6 +129,38 @@ struct Later {
     place: Place,
 }
 
+/// The spacing constraint of a limit whose burst is below its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Spacing {
+    burst: Millis,
+    interval: Millis,
+}
+
+impl Spacing {
+    fn of(limit: &Limit) -> Option<Spacing> {
+        limit.spacing_ms().map(|interval| Spacing {
+            burst: Millis::from(limit.burst.max(1)),
+            interval,
+        })
+    }
+
+    /// How far before the theoretical arrival time a charge may come: the burst.
+    fn tolerance(self) -> Millis {
+        (self.burst - 1) * self.interval
+    }
+
+    /// The earliest time `cost` charges (at most the burst) conform after a history
+    /// whose theoretical arrival time is `tat`.
+    fn earliest_after(self, tat: Millis, cost: Millis) -> Millis {
+        (tat + (cost.min(self.burst) - 1) * self.interval).saturating_sub(self.tolerance())
+    }
+
+    /// The theoretical arrival time after `at`.
+    fn next_tat(self, tat: Millis, at: Millis) -> Millis {
+        tat.max(at) + self.interval
+    }
+}
+
 #[derive(Debug, Default)]
 struct Bucket {
     /// Charge times, non-decreasing; may extend into the future (reserved slots).
@@ -133,6 +169,7 @@ struct Bucket {
     reserved_by_namespace: HashMap<Arc<str>, u32>,
     window: Millis,
     events: u32,
+    spacing: Option<Spacing>,
 }
 
 impl Bucket {
@@ -142,15 +179,76 @@ impl Bucket {
 
     /// Earliest `t >= now` where `cost` more charges fit in every window holding `t`.
     fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
-        self.earliest_for(limit.events, limit.window.as_millis() as Millis, cost, now)
+        let window = limit.window.as_millis() as Millis;
+        self.earliest_for(limit.events, window, Spacing::of(limit), cost, now)
     }
 
     /// [`Bucket::earliest`] for the limit this bucket was last charged under.
     fn earliest_own(&self, cost: u32, now: Millis) -> Millis {
-        self.earliest_for(self.events, self.window, cost, now)
+        self.earliest_for(self.events, self.window, self.spacing, cost, now)
     }
 
-    fn earliest_for(&self, events: u32, window: Millis, cost: u32, now: Millis) -> Millis {
+    /// Earliest `t >= now` that keeps both the window and the spacing: each is asked in
+    /// turn from the other's answer until they agree (a bounded number of times, then
+    /// after every charge, where both answers are exact and only grow).
+    fn earliest_for(
+        &self,
+        events: u32,
+        window: Millis,
+        spacing: Option<Spacing>,
+        cost: u32,
+        now: Millis,
+    ) -> Millis {
+        let Some(spacing) = spacing else {
+            return self.window_earliest(events, window, cost, now);
+        };
+        let cost = Millis::from(cost.clamp(1, events.max(1)));
+        let mut t = now;
+        for _ in 0..MAX_GAP_CANDIDATES {
+            t = self.window_earliest(events, window, cost as u32, t);
+            if t >= self.last() {
+                return t.max(spacing.earliest_after(self.tat(spacing, t), cost));
+            }
+            match self.spacing_conflict(spacing, cost, t) {
+                None => return t,
+                Some(next) => t = next,
+            }
+        }
+        let t = self.window_earliest(events, window, cost as u32, now.max(self.last()));
+        t.max(spacing.earliest_after(self.tat(spacing, t), cost))
+    }
+
+    /// The theoretical arrival time after every charge at or before `t`.
+    fn tat(&self, spacing: Spacing, t: Millis) -> Millis {
+        let upto = self.charges.partition_point(|&c| c <= t);
+        self.charges
+            .range(..upto)
+            .fold(0, |tat, &c| spacing.next_tat(tat, c))
+    }
+
+    /// None when `cost` charges at `t` keep the spacing of every charge from `t` on;
+    /// else a later time to try: where the charges before `t` allow it, or past the next
+    /// charge after `t` when that one would be pushed too close.
+    fn spacing_conflict(&self, spacing: Spacing, cost: Millis, t: Millis) -> Option<Millis> {
+        let split = self.charges.partition_point(|&c| c <= t);
+        let mut tat = self.tat(spacing, t);
+        let need = spacing.earliest_after(tat, cost);
+        if need > t {
+            return Some(need);
+        }
+        // `cost` charges at `t`: each after the one before.
+        tat = spacing.next_tat(tat, t) + (cost - 1) * spacing.interval;
+        for &c in self.charges.range(split..) {
+            if tat.saturating_sub(spacing.tolerance()) > c {
+                return self.charges.get(split).copied();
+            }
+            tat = spacing.next_tat(tat, c);
+        }
+        None
+    }
+
+    /// The earliest time for the window alone.
+    fn window_earliest(&self, events: u32, window: Millis, cost: u32, now: Millis) -> Millis {
         let events = (events as usize).max(1);
         let cost = (cost as usize).clamp(1, events);
         if now >= self.last() {
@@ -219,6 +317,7 @@ impl Bucket {
     fn charge(&mut self, at: Millis, cost: u32, limit: &Limit) {
         self.window = limit.window.as_millis() as Millis;
         self.events = limit.events;
+        self.spacing = Spacing::of(limit);
         self.charge_own(at, cost);
     }
 

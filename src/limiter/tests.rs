@@ -5,11 +5,17 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+/// A plain sliding window (a window's worth at once), as before spacing.
 fn limit(events: u32, window_ms: u64, scope: Scope) -> Limit {
+    spaced(events, window_ms, scope, events)
+}
+
+fn spaced(events: u32, window_ms: u64, scope: Scope, burst: u32) -> Limit {
     Limit {
         events,
         window: Duration::from_millis(window_ms),
         scope,
+        burst,
     }
 }
 
@@ -323,9 +329,9 @@ struct Run {
 /// `hold`: decide as hold and retry-after rules do (slots within the arrival margin are
 /// held, farther ones aligned to whole seconds), with clients early, on time or late;
 /// otherwise plain reservations and clients on time.
-fn drive(events: u32, window_ms: u64, share: u32, input: &[Arrival], hold: bool) -> Run {
+fn drive(limit: Limit, share: u32, input: &[Arrival], hold: bool) -> Run {
     let rule: Arc<str> = Arc::from("rule");
-    let limits = [limit(events, window_ms, Scope::Global)];
+    let limits = [limit];
     let mut limiter = Limiter::new(64);
     let reach = if hold { RETRY_ARRIVAL_MARGIN_MS } else { 0 };
     // (time, sequence, request index, is early retry)
@@ -424,9 +430,11 @@ proptest! {
 
     #[test]
     fn no_window_ever_holds_more_than_the_limit(
-        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, burst in 1u32..6,
+        input in arrivals()
     ) {
-        let run = drive(events, window_ms, share, &input, true);
+        let burst = burst.min(events);
+        let run = drive(spaced(events, window_ms, Scope::Global, burst), share, &input, true);
         let mut times: Vec<u64> = run.charges.iter().map(|c| c.0).collect();
         times.sort_unstable();
         for (i, &start) in times.iter().enumerate() {
@@ -436,12 +444,45 @@ proptest! {
     }
 
     #[test]
+    fn charges_are_spaced_after_the_burst(
+        events in 2u32..8, window_ms in 100u64..3_000, share in 1u32..8, burst in 1u32..8,
+        hold in any::<bool>(), input in arrivals()
+    ) {
+        let burst = burst.min(events - 1);
+        let limit = spaced(events, window_ms, Scope::Global, burst);
+        let interval = limit.spacing_ms().expect("a burst below events spaces");
+        let run = drive(limit, share, &input, hold);
+        let mut times: Vec<u64> = run.charges.iter().map(|c| c.0).collect();
+        times.sort_unstable();
+        // Any k charges within a window span at least (k - burst) intervals: at most
+        // `burst` together, then one per interval (GCRA's bound; a window's span farther
+        // is the window's business).
+        for (i, &first) in times.iter().enumerate() {
+            for (k, &last) in times[i..].iter().enumerate().take_while(|(_, &t)| t < first + window_ms) {
+                let count = k as u64 + 1;
+                let need = count.saturating_sub(u64::from(burst)) * interval;
+                prop_assert!(
+                    last - first >= need,
+                    "{count} charges in [{first}, {last}]: closer than {need} ms (burst {burst}, spacing {interval} ms)"
+                );
+            }
+        }
+        // And in any second, at most burst + 1 s / spacing (the e2e's 5 + burst at 50/10 s).
+        for (i, &start) in times.iter().enumerate() {
+            let inside = times[i..].iter().take_while(|&&t| t < start + 1_000).count() as u64;
+            prop_assert!(inside <= u64::from(burst) + 999 / interval + 1);
+        }
+    }
+
+    #[test]
     fn every_request_is_admitted_once_and_reservations_are_fifo(
-        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, input in arrivals()
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, burst in 1u32..6,
+        input in arrivals()
     ) {
         // Aligning slots to whole seconds may hand a later request an earlier gap, so
         // FIFO is checked on plain reservations.
-        let run = drive(events, window_ms, share, &input, false);
+        let burst = burst.min(events);
+        let run = drive(spaced(events, window_ms, Scope::Global, burst), share, &input, false);
         // Every logical request got in exactly once: retries were not charged twice.
         prop_assert_eq!(run.admitted_requests, input.len());
         prop_assert_eq!(run.charges.len(), input.len());
@@ -452,10 +493,41 @@ proptest! {
     }
 
     #[test]
-    fn memory_is_bounded_and_returns_to_zero(
-        events in 1u32..6, window_ms in 100u64..3_000, input in arrivals()
+    fn every_request_gets_in_once_with_early_and_late_clients(
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, burst in 1u32..6,
+        input in arrivals()
     ) {
-        let mut run = drive(events, window_ms, 4, &input, true);
+        let burst = burst.min(events);
+        let run = drive(spaced(events, window_ms, Scope::Global, burst), share, &input, true);
+        prop_assert_eq!(run.admitted_requests, input.len());
+        prop_assert_eq!(run.charges.len(), input.len());
+    }
+
+    #[test]
+    fn a_burst_of_events_is_the_plain_window(
+        events in 1u32..6, window_ms in 100u64..3_000, share in 1u32..8, hold in any::<bool>(),
+        input in arrivals()
+    ) {
+        // burst = events: no spacing; the same run as a limit that never had one.
+        let limit = spaced(events, window_ms, Scope::Global, events);
+        prop_assert_eq!(limit.spacing_ms(), None);
+        let run = drive(limit, share, &input, hold);
+        let mut times: Vec<u64> = run.charges.iter().map(|c| c.0).collect();
+        times.sort_unstable();
+        let first = times.first().copied().unwrap_or(0);
+        // A window's worth at once is allowed again: the first `events` arrivals within a
+        // window of a quiet start all get in at their arrival.
+        let quiet: Vec<u64> = input.iter().scan(0, |t, a| { *t += a.gap_ms; Some(*t) })
+            .take_while(|&t| t < first + window_ms).take(events as usize).collect();
+        prop_assert_eq!(&times[..quiet.len()], &quiet[..]);
+    }
+
+    #[test]
+    fn memory_is_bounded_and_returns_to_zero(
+        events in 1u32..6, window_ms in 100u64..3_000, burst in 1u32..6, input in arrivals()
+    ) {
+        let burst = burst.min(events);
+        let mut run = drive(spaced(events, window_ms, Scope::Global, burst), 4, &input, true);
         prop_assert!(run.max_buckets_seen <= 1);
         let usage = run.limiter.sweep(u64::MAX / 4);
         prop_assert_eq!((usage.buckets, usage.reservations), (0, 0));
@@ -590,4 +662,54 @@ fn a_late_retry_is_admitted_when_it_comes_and_later_slots_move_back() {
         Outcome::Claimed { slot: 2_300 }
     );
     assert_eq!(limiter.reservation_count(), 0);
+}
+
+#[test]
+fn spaced_limits_admit_the_burst_then_one_per_spacing() {
+    let rule: Arc<str> = Arc::from("r");
+    // (case, burst, the slots six requests at t = 0 get): 5 per 10 s spaces by
+    // (10 s + 300 ms) / 5 = 2060 ms.
+    let cases: &[(&str, u32, [u64; 6])] = &[
+        ("burst 1", 1, [0, 2_060, 4_120, 6_180, 8_240, 10_300]),
+        ("burst 2", 2, [0, 0, 2_060, 4_120, 6_180, 10_000]),
+        ("burst = events", 5, [0, 0, 0, 0, 0, 10_000]),
+    ];
+    for (case, burst, want) in cases {
+        let limits = [spaced(5, 10_000, Scope::Global, *burst)];
+        let mut limiter = Limiter::new(16);
+        let got: Vec<u64> = (0..6)
+            .map(|i| {
+                let id = exact(&format!("p{i}"));
+                match limiter.acquire(&ask(&rule, &limits, "ns", &id), 0) {
+                    Outcome::Admitted => 0,
+                    Outcome::Reserved { slot } => slot,
+                    other => panic!("{case}: {other:?}"),
+                }
+            })
+            .collect();
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+#[test]
+fn a_gap_before_a_reserved_slot_is_used_only_when_both_sides_stay_spaced() {
+    let rule: Arc<str> = Arc::from("r");
+    // 10 per 10 s, burst 1: spacing 1030 ms.
+    let limits = [spaced(10, 10_000, Scope::Global, 1)];
+    let mut limiter = Limiter::new(16);
+    let key = BucketKey {
+        rule: rule.clone(),
+        limit: 0,
+        scope: ScopeKey::Global,
+    };
+    // Charges at 0 and a reservation far ahead at 5000.
+    limiter.record(&rule, &limits, "ns", None, 0, 1);
+    limiter.record(&rule, &limits, "ns", None, 5_000, 1);
+    assert_eq!(limiter.used(&key, 5_000), 2);
+    // From 500: 1030 after 0 is free and 1030 before 5000 too.
+    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 500), 1_030);
+    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 2_000), 2_000);
+    // 3970 is the last time 1030 before 5000; after it, the next room is 5000 + 1030.
+    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 3_970), 3_970);
+    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 3_971), 6_030);
 }

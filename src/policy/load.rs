@@ -101,7 +101,16 @@ struct RawLimit {
     window: Duration,
     #[serde(default = "default_scope")]
     scope: RawScope,
+    /// How many may go at once before the spacing applies (default [`DEFAULT_BURST`]).
+    burst: Option<u32>,
 }
+
+/// One at a time: every event after the first waits (window + margin) / events after the
+/// one before, which is what "20 per 10 s" means to a CNI (2 per second). A larger burst
+/// lets that many go at once after a quiet spell, and an effect lagging by the scheduler's
+/// jitter can then put `events + burst - 1` in a window where it happens (see
+/// docs/simulator.md for the peaks per second each burst gives).
+pub const DEFAULT_BURST: u32 = 1;
 
 #[derive(Deserialize, Clone, Copy)]
 #[serde(rename_all = "lowercase")]
@@ -278,6 +287,17 @@ fn build_rule(
                 ),
             ));
         }
+        let burst = l.burst.unwrap_or(DEFAULT_BURST.min(l.events));
+        if burst == 0 || burst > l.events {
+            return Err(fail(
+                "burst",
+                format!(
+                    "burst is {burst}, it must be 1 to events ({}): how many of them may go \
+                     at once before the rest are spaced by window / events",
+                    l.events
+                ),
+            ));
+        }
         let scope = match l.scope {
             RawScope::Global => Scope::Global,
             RawScope::Namespace => Scope::Namespace,
@@ -287,6 +307,7 @@ fn build_rule(
             events: l.events,
             window: l.window,
             scope,
+            burst,
         });
     }
     if action == Action::Partition && limits.iter().any(|l| l.scope == Scope::Owner) {
@@ -507,6 +528,18 @@ mod tests {
                 "events is 0",
             ),
             (
+                "zero burst",
+                BASE.replace("events: 5", "events: 5, burst: 0"),
+                4,
+                "burst is 0, it must be 1 to events (5)",
+            ),
+            (
+                "burst over events",
+                BASE.replace("events: 5", "events: 5, burst: 6"),
+                4,
+                "burst is 6, it must be 1 to events (5)",
+            ),
+            (
                 "gate on delete",
                 BASE.replace("retry-after", "gate"),
                 5,
@@ -571,5 +604,18 @@ mod tests {
         assert_eq!(rule.limits[0].scope, Scope::Global);
         assert_eq!(rule.limits[1].scope, Scope::Namespace);
         assert_eq!(rule.max_reserved_per_namespace, 5);
+    }
+
+    #[test]
+    fn burst_defaults_to_one_and_events_means_a_plain_window() {
+        let policy = Policy::from_yaml(BASE, "p").unwrap_or_else(|e| panic!("{e}"));
+        let limit = policy.rules[0].limits[0];
+        assert_eq!(limit.burst, DEFAULT_BURST);
+        // 5 per 10 s: (10 s + 300 ms) / 5.
+        assert_eq!(limit.spacing_ms(), Some(2_060));
+        let yaml = BASE.replace("events: 5", "events: 5, burst: 5");
+        let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(policy.rules[0].limits[0].burst, 5);
+        assert_eq!(policy.rules[0].limits[0].spacing_ms(), None);
     }
 }
