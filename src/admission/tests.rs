@@ -12,28 +12,28 @@ timeoutSeconds: 10
 rules:
   - name: sts-rollouts
     match: { resources: [statefulsets], operations: [UPDATE], excludeUsers: [self-paced] }
-    limit: { events: 2, window: 10s }
+    limit: { events: 2, burst: 2, window: 10s }
     action: partition
   - name: creates
     match: { resources: [pods], operations: [CREATE], controllerKinds: [ReplicaSet, StatefulSet] }
-    limit: { events: 2, window: 10s }
+    limit: { events: 2, burst: 2, window: 10s }
     action: gate
   - name: deletes
     match:
       resources: [pods]
       operations: [DELETE]
       users: [system:serviceaccount:kube-system:replicaset-controller]
-    limit: { events: 1, window: 10s }
+    limit: { events: 1, burst: 1, window: 10s }
     action: retry-after
     maxHold: 3s
     maxReservedPerNamespace: 5
   - name: evictions
     match: { resources: [pods/eviction], operations: [CREATE] }
-    limit: { events: 1, window: 10s }
+    limit: { events: 1, burst: 1, window: 10s }
     action: deny
   - name: partition-steps
     match: { resources: [statefulsets], operations: [UPDATE] }
-    limit: { events: 2, window: 10s }
+    limit: { events: 2, burst: 2, window: 10s }
     action: retry-after
 exempt:
   namespaces: [kube-system]

@@ -10,23 +10,23 @@ const POLICY: &str = r#"
 rules:
   - name: rollouts
     match: { resources: [statefulsets], operations: [UPDATE] }
-    limit: { events: 20, window: 10s }
+    limit: { events: 20, burst: 20, window: 10s }
     action: partition
   - name: creates
     match: { resources: [pods], operations: [CREATE], controllerKinds: [ReplicaSet] }
-    limit: { events: 20, window: 10s }
+    limit: { events: 20, burst: 20, window: 10s }
     action: gate
   - name: deletes
     match: { resources: [pods], operations: [DELETE] }
     limits:
-      - { events: 20, window: 10s, scope: global }
-      - { events: 5, window: 10s, scope: namespace }
+      - { events: 20, burst: 20, window: 10s, scope: global }
+      - { events: 5, burst: 5, window: 10s, scope: namespace }
     action: retry-after
     maxHold: 2s
     maxReservedPerNamespace: 7
   - name: evictions
     match: { resources: [pods/eviction], operations: [CREATE] }
-    limit: { events: 2, window: 10s }
+    limit: { events: 2, burst: 2, window: 10s }
     action: deny
 "#;
 

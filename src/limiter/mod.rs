@@ -161,6 +161,19 @@ impl Spacing {
     }
 }
 
+/// The earliest time from `from` at which one more event keeps `limit`'s spacing after
+/// `times` (sorted, none after `from`); `from` when the limit has no spacing. For pacers
+/// that keep their own record of events (the partition steps).
+pub fn spaced_after(limit: &Limit, times: &[Millis], from: Millis) -> Millis {
+    match Spacing::of(limit) {
+        Some(spacing) => {
+            let tat = times.iter().fold(0, |tat, &t| spacing.next_tat(tat, t));
+            from.max(spacing.earliest_after(tat, 1))
+        }
+        None => from,
+    }
+}
+
 #[derive(Debug, Default)]
 struct Bucket {
     /// Charge times, non-decreasing; may extend into the future (reserved slots).

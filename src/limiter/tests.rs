@@ -708,8 +708,17 @@ fn a_gap_before_a_reserved_slot_is_used_only_when_both_sides_stay_spaced() {
     assert_eq!(limiter.used(&key, 5_000), 2);
     // From 500: 1030 after 0 is free and 1030 before 5000 too.
     assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 500), 1_030);
-    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 2_000), 2_000);
+    assert_eq!(
+        limiter.earliest(&rule, &limits, "ns", None, 1, 2_000),
+        2_000
+    );
     // 3970 is the last time 1030 before 5000; after it, the next room is 5000 + 1030.
-    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 3_970), 3_970);
-    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 3_971), 6_030);
+    assert_eq!(
+        limiter.earliest(&rule, &limits, "ns", None, 1, 3_970),
+        3_970
+    );
+    assert_eq!(
+        limiter.earliest(&rule, &limits, "ns", None, 1, 3_971),
+        6_030
+    );
 }

@@ -76,7 +76,11 @@ impl Limit {
         }
         let window = self.window.as_millis() as u64;
         let margin = (window / 20).min(SPACING_MARGIN_MS);
-        Some((window + margin).div_ceil(u64::from(self.events.max(1))).max(1))
+        Some(
+            (window + margin)
+                .div_ceil(u64::from(self.events.max(1)))
+                .max(1),
+        )
     }
 }
 

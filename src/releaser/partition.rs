@@ -14,8 +14,9 @@ use super::controller::{
 use super::lease::{within, Leadership};
 use super::partition_plan::{
     plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
+    TakenStep,
 };
-use super::plan::MAX_RELEASES_PER_ROUND;
+use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
 use super::pods::format_time;
 use super::statefulsets::{
     cleanup_patch, finish_patch, let_go_patch, pod_progress, released_pod_name, step_patch,
@@ -80,6 +81,8 @@ pub(super) struct PartitionReleaser {
     checks: HashMap<String, PodCheck>,
     failed: HashMap<String, Failed>,
     patched: HashMap<String, Patched>,
+    /// Steps taken while the windows can see them, for the spacing.
+    taken: Vec<TakenStep>,
     events_sent: HashMap<(String, Arc<str>), Millis>,
     gauge_rules: HashSet<String>,
 }
@@ -132,6 +135,7 @@ impl PartitionReleaser {
             checks: HashMap::new(),
             failed: HashMap::new(),
             patched: HashMap::new(),
+            taken: Vec::new(),
             events_sent: HashMap::new(),
             gauge_rules: HashSet::new(),
         }
@@ -240,13 +244,30 @@ impl PartitionReleaser {
             .await;
         // Times seen while looking are later than `now`; plan after them.
         let now = now_millis().max(now);
+        let horizon = longest_window(&policy);
+        self.taken.retain(|t| t.at + horizon > now);
         let plan = plan_steps(&StepInputs {
             held: &held,
             records: &records,
+            taken: &self.taken,
             policy: &policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
         });
+        for m in &plan.moves {
+            if let Move::Step {
+                index,
+                rule: Some(rule),
+                ..
+            } = m
+            {
+                self.taken.push(TakenStep {
+                    rule: rule.clone(),
+                    namespace: held[*index].namespace.clone(),
+                    at: now,
+                });
+            }
+        }
         if first {
             let recorded: usize = held
                 .iter()

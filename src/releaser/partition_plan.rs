@@ -23,7 +23,7 @@
 //! a partition rule, so nothing else shares these windows.
 
 use super::plan::longest_window;
-use crate::limiter::Millis;
+use crate::limiter::{spaced_after, Millis};
 use crate::policy::{Action, Policy, Rule, Scope};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -106,6 +106,14 @@ impl HeldSet {
         };
         self.stepped_at.iter().map(|&t| Some(t)).chain(last)
     }
+}
+
+/// A step this process took: the rule and namespace it was paced under, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenStep {
+    pub rule: Arc<str>,
+    pub namespace: String,
+    pub at: Millis,
 }
 
 /// A set that is no longer held but still carries some of churn-throttler's annotations:
@@ -248,6 +256,9 @@ pub struct StepPlan {
 pub struct StepInputs<'a> {
     pub held: &'a [HeldSet],
     pub records: &'a [Record],
+    /// Steps this process took (their decision times), for the spacing: a step's pod is
+    /// seen re-created seconds later, so spacing by seen times would serialise steps.
+    pub taken: &'a [TakenStep],
     pub policy: &'a Policy,
     pub now: Millis,
     pub max_moves: usize,
@@ -303,6 +314,8 @@ struct Windows<'r> {
     rule: &'r Rule,
     seen: Vec<HashMap<Option<String>, Vec<Millis>>>,
     in_flight: Vec<HashMap<Option<String>, u32>>,
+    /// Decision times of steps taken, for the spacing.
+    taken: Vec<HashMap<Option<String>, Vec<Millis>>>,
 }
 
 impl<'r> Windows<'r> {
@@ -311,6 +324,15 @@ impl<'r> Windows<'r> {
             rule,
             seen: vec![HashMap::new(); rule.limits.len()],
             in_flight: vec![HashMap::new(); rule.limits.len()],
+            taken: vec![HashMap::new(); rule.limits.len()],
+        }
+    }
+
+    /// Counts a step of `namespace` decided at `at`, for the spacing.
+    fn take(&mut self, namespace: &str, at: Millis) {
+        for (i, limit) in self.rule.limits.iter().enumerate() {
+            let key = Self::key(limit.scope, namespace);
+            self.taken[i].entry(key).or_default().push(at);
         }
     }
 
@@ -354,7 +376,24 @@ impl<'r> Windows<'r> {
                         .collect()
                 })
                 .unwrap_or_default();
+            seen.sort_unstable();
+            let mut taken: Vec<Millis> = self.taken[i]
+                .get(&key)
+                .map(|times| {
+                    times
+                        .iter()
+                        .map(|&t| t.min(now))
+                        .filter(|&t| t + window > now)
+                        .collect()
+                })
+                .unwrap_or_default();
+            taken.sort_unstable();
+            let spaced = spaced_after(limit, &taken, now);
             if seen.len() + flying < events {
+                if spaced > now {
+                    fits = false;
+                    wake = wake.map(|w| w.max(spaced));
+                }
                 continue;
             }
             fits = false;
@@ -363,9 +402,8 @@ impl<'r> Windows<'r> {
                 continue;
             }
             // The oldest seen steps must leave until one more fits.
-            seen.sort_unstable();
             let leave = seen.len() + flying + 1 - events;
-            let at = seen[leave - 1] + window;
+            let at = (seen[leave - 1] + window).max(spaced);
             wake = wake.map(|w| w.max(at));
         }
         if fits {
@@ -410,6 +448,11 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
     let mut not_ready: HashMap<Arc<str>, u32> = HashMap::new();
     let mut remaining: HashMap<Arc<str>, (usize, u64)> = HashMap::new();
 
+    for step in inputs.taken {
+        if let Some(w) = windows.get_mut(&step.rule) {
+            w.take(&step.namespace, step.at);
+        }
+    }
     for record in inputs.records {
         if let Some(rule) = partition_rule(policy, &record.rule) {
             if let Some(w) = windows.get_mut(&rule.name) {
@@ -625,6 +668,7 @@ fn plan_rule(
             }
             lane.pop();
             windows.add(&set.namespace, None);
+            windows.take(&set.namespace, now);
             let target = set.target.unwrap_or(0);
             let to = set
                 .partition

@@ -5,12 +5,12 @@ const POLICY: &str = r#"
 rules:
   - name: rollouts
     match: { resources: [statefulsets], operations: [UPDATE] }
-    limit: { events: 2, window: 10s, scope: global }
+    limit: { events: 2, burst: 2, window: 10s, scope: global }
     maxNotReady: 3
     action: partition
   - name: other-rollouts
     match: { resources: [statefulsets], operations: [UPDATE], namespaces: [special] }
-    limit: { events: 1, window: 10s, scope: global }
+    limit: { events: 1, burst: 1, window: 10s, scope: global }
     action: partition
 "#;
 
@@ -18,7 +18,7 @@ const NO_PARTITION_RULE: &str = r#"
 rules:
   - name: deletes
     match: { resources: [pods], operations: [DELETE] }
-    limit: { events: 2, window: 10s }
+    limit: { events: 2, burst: 2, window: 10s }
     action: retry-after
 "#;
 
@@ -64,6 +64,7 @@ fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Millis) -> Ste
     plan_steps(&StepInputs {
         held,
         records,
+        taken: &[],
         policy: &policy,
         now,
         max_moves: 100,
@@ -326,7 +327,7 @@ fn a_step_counts_as_now_until_its_pod_is_seen_re_created() {
 #[test]
 fn no_window_of_deletions_or_creations_exceeds_the_limit_whatever_the_delays() {
     let yaml = POLICY
-        .replace("events: 2", "events: 3")
+        .replace("events: 2, burst: 2", "events: 3, burst: 3")
         .replace("maxNotReady: 3", "maxNotReady: 50");
     for seed in 1..=20u64 {
         let mut rng = seed;
@@ -419,7 +420,10 @@ fn namespaces_take_turns_and_sets_least_recently_stepped_go_first() {
     }];
     let roomy = |events: u32| {
         POLICY
-            .replace("events: 2", &format!("events: {events}"))
+            .replace(
+                "events: 2, burst: 2",
+                &format!("events: {events}, burst: {events}"),
+            )
             .replace("maxNotReady: 3", "maxNotReady: 10")
     };
     let plan = plan_at(&held, &records, &roomy(3), now);
@@ -451,7 +455,7 @@ fn max_not_ready_counts_pods_released_by_steps() {
         set("b", "f1"),
         set("c", "f2"),
     ];
-    let roomy = POLICY.replace("events: 2", "events: 50");
+    let roomy = POLICY.replace("events: 2, burst: 2", "events: 50, burst: 50");
     let plan = plan_at(&held, &[], &roomy, now);
     assert_eq!(plan.moves.len(), 1, "2 starting + 1 step = maxNotReady 3");
     assert_eq!(plan.not_ready.get("rollouts"), Some(&3));
@@ -484,7 +488,7 @@ fn a_restart_rebuilds_the_windows_from_the_sets_and_opens_no_burst() {
         stepped_at: vec![now - 30_000, now - 2_000],
     }];
     let roomy = POLICY
-        .replace("events: 2", "events: 3")
+        .replace("events: 2, burst: 2", "events: 3, burst: 3")
         .replace("maxNotReady: 3", "maxNotReady: 10");
     let plan = plan_at(&held, &records, &roomy, now);
     assert!(plan.moves.is_empty(), "3 in the window: {:?}", plan.moves);
@@ -549,6 +553,7 @@ fn at_most_max_moves_per_round_then_again_at_once() {
     let plan = plan_steps(&StepInputs {
         held: &held,
         records: &[],
+        taken: &[],
         policy: &policy,
         now: 7,
         max_moves: 3,
@@ -556,4 +561,42 @@ fn at_most_max_moves_per_round_then_again_at_once() {
     assert_eq!(plan.moves.len(), 3);
     assert_eq!(plan.wake_at, Some(7));
     assert_eq!(plan.held.get("rollouts"), Some(&5));
+}
+
+/// The default burst (1): one step per round however many sets wait, the next one a
+/// spacing after the last step taken, not after its pod is seen re-created.
+#[test]
+fn steps_are_spaced_by_their_decision_times() {
+    let yaml = POLICY
+        .replace("events: 2, burst: 2", "events: 4")
+        .replace("maxNotReady: 3", "maxNotReady: 10");
+    let policy = policy(&yaml);
+    let spacing = policy.rules[0].limits[0]
+        .spacing_ms()
+        .expect("burst 1 spaces");
+    assert_eq!(spacing, 2_575);
+    let held = vec![set("a", "one"), set("b", "two"), set("c", "three")];
+    let plan_with = |taken: &[TakenStep], now: Millis| {
+        plan_steps(&StepInputs {
+            held: &held,
+            records: &[],
+            taken,
+            policy: &policy,
+            now,
+            max_moves: 100,
+        })
+    };
+    let first = plan_with(&[], 1_000);
+    assert_eq!(first.moves.len(), 1, "{:?}", described(&first, &held));
+    let taken = vec![TakenStep {
+        rule: Arc::from("rollouts"),
+        namespace: held[first.moves[0].index()].namespace.clone(),
+        at: 1_000,
+    }];
+    // Nothing before the spacing, though the window has room; the wake is the slot.
+    let early = plan_with(&taken, 2_000);
+    assert!(early.moves.is_empty(), "{:?}", described(&early, &held));
+    assert_eq!(early.wake_at, Some(1_000 + spacing));
+    let due = plan_with(&taken, 1_000 + spacing);
+    assert_eq!(due.moves.len(), 1);
 }

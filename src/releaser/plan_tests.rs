@@ -5,24 +5,24 @@ const POLICY: &str = r#"
 rules:
   - name: pods
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 2, window: 10s, scope: global }
+    limit: { events: 2, burst: 2, window: 10s, scope: global }
     action: gate
   - name: ready-capped
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 10, window: 10s, scope: global }
+    limit: { events: 10, burst: 10, window: 10s, scope: global }
     maxNotReady: 3
     action: gate
   - name: per-namespace
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 1, window: 10s, scope: namespace }
+    limit: { events: 1, burst: 1, window: 10s, scope: namespace }
     action: gate
   - name: per-owner
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 1, window: 10s, scope: owner }
+    limit: { events: 1, burst: 1, window: 10s, scope: owner }
     action: gate
   - name: paced-deletes
     match: { resources: [pods], operations: [DELETE] }
-    limit: { events: 1, window: 10s, scope: global }
+    limit: { events: 1, burst: 1, window: 10s, scope: global }
     action: retry-after
 "#;
 
@@ -284,7 +284,7 @@ fn round_robin_cursor_rotates_across_rounds() {
 rules:
   - name: one
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 1, window: 1s, scope: global }
+    limit: { events: 1, burst: 1, window: 1s, scope: global }
     action: gate
 "#,
         "test",
@@ -635,7 +635,7 @@ fn a_mass_release_never_exceeds_the_limit_in_any_window() {
 rules:
   - name: five
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 5, window: 10s, scope: global }
+    limit: { events: 5, burst: 5, window: 10s, scope: global }
     action: gate
 "#,
         "test",
@@ -721,4 +721,68 @@ rules:
     // Each window's five are spread over the namespaces.
     let first: Vec<&str> = done[..3].iter().map(|p| p.namespace.as_str()).collect();
     assert_eq!(first, ["a", "b", "c"]);
+}
+
+/// The default burst (1): one release per round, each (window + margin) / events after
+/// the one before, and the plan wakes the controller at exactly the next spaced slot.
+#[test]
+fn a_mass_release_is_spaced_and_wakes_at_the_next_slot() {
+    let policy = Policy::from_yaml(
+        r#"
+rules:
+  - name: five
+    match: { resources: [pods], operations: [CREATE] }
+    limit: { events: 5, window: 10s, scope: global }
+    action: gate
+"#,
+        "test",
+    )
+    .expect("valid");
+    let spacing = policy.rules[0].limits[0]
+        .spacing_ms()
+        .expect("burst 1 spaces");
+    assert_eq!(spacing, 2_060);
+    let mut pods: Vec<QueuedPod> = (0..12u64)
+        .map(|i| QueuedPod {
+            namespace: ["a", "b", "c"][i as usize % 3].to_string(),
+            name: format!("p{i:02}"),
+            uid: format!("u{i}"),
+            resource_version: "1".into(),
+            rule: "five".into(),
+            owner: None,
+            created: i,
+        })
+        .collect();
+    let mut limiter = Limiter::new(1_000);
+    let mut cursor = Cursor::default();
+    let mut times: Vec<Millis> = Vec::new();
+    let mut now: Millis = 1_000;
+    for _ in 0..1_000 {
+        if pods.is_empty() {
+            break;
+        }
+        let got = run(&policy, &pods, &[], &mut limiter, &mut cursor, now);
+        assert!(
+            got.releases.len() <= 1,
+            "{} released at {now}",
+            got.releases.len()
+        );
+        for release in &got.releases {
+            times.push(now);
+            pods.remove(release.index);
+        }
+        if !pods.is_empty() {
+            let wake = got.wake_at.expect("pods wait on the rate");
+            assert_eq!(wake, times.last().copied().unwrap_or(0) + spacing);
+            // A round woken early (a watch event) releases nothing and says the same.
+            let early = run(&policy, &pods, &[], &mut limiter, &mut cursor, wake - 700);
+            assert!(early.releases.is_empty());
+            assert_eq!(early.wake_at, Some(wake));
+            now = wake;
+        }
+    }
+    assert_eq!(times.len(), 12, "all released");
+    for pair in times.windows(2) {
+        assert_eq!(pair[1] - pair[0], spacing, "{pair:?}");
+    }
 }

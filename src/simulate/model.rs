@@ -11,9 +11,11 @@ use crate::admission::{ChurnRequest, Endpoint, Verdict, GATE_NAME};
 use crate::limiter::{Identity, Limiter, Millis};
 use crate::policy::{Action, ChurnKind, Policy, Scope};
 use crate::releaser::partition_plan::{
-    plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy,
+    plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy, TakenStep,
 };
-use crate::releaser::plan::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
+use crate::releaser::plan::{
+    longest_window, plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND,
+};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -583,6 +585,8 @@ struct PartitionState {
     held: Vec<u32>,
     /// Real releasers: the step times finished sets keep until they leave the window.
     records: Vec<Record>,
+    /// Real releasers: the steps taken, for the spacing (as the controller keeps them).
+    taken: Vec<TakenStep>,
     /// Model releaser: steps whose pod is not re-created yet, per namespace. Like the
     /// real releaser, a step counts in the window from the step until its pod is
     /// re-created, and at the re-creation from then on.
@@ -790,6 +794,7 @@ impl<'a> Sim<'a> {
                 rule,
                 held: Vec::new(),
                 records: Vec::new(),
+                taken: Vec::new(),
                 in_flight: HashMap::new(),
                 queue: FairQueue::default(),
                 not_ready: 0,
@@ -1992,9 +1997,18 @@ impl<'a> Sim<'a> {
             .as_ref()
             .map(|p| p.records.clone())
             .unwrap_or_default();
+        let horizon = longest_window(&self.policy);
+        let taken = match self.partition.as_mut() {
+            Some(state) => {
+                state.taken.retain(|t| t.at + horizon > now);
+                state.taken.clone()
+            }
+            None => Vec::new(),
+        };
         let round = plan_steps(&StepInputs {
             held: &held,
             records: &records,
+            taken: &taken,
             policy: &self.policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
@@ -2014,8 +2028,16 @@ impl<'a> Sim<'a> {
                     to,
                     why,
                     record,
+                    rule,
                     ..
                 } => {
+                    if let (Some(rule), Some(state)) = (rule, self.partition.as_mut()) {
+                        state.taken.push(TakenStep {
+                            rule,
+                            namespace: held[index].namespace.clone(),
+                            at: now,
+                        });
+                    }
                     let s = ids[index];
                     let ns = self.sets[s as usize].namespace;
                     if let Some(record) = record {
