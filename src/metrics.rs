@@ -2,8 +2,8 @@
 //! Label values are bounded: rule names come from the policy, the rest are fixed sets.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -18,6 +18,8 @@ pub struct Metrics {
     pub window_usage: IntGaugeVec,
     /// events allowed per window, per rule
     pub window_limit: IntGaugeVec,
+    /// seconds between consecutive events after the burst, per rule (0: no spacing)
+    pub rule_spacing: GaugeVec,
     pub held_requests: IntGauge,
     /// seconds a held request waited
     pub hold_duration: Histogram,
@@ -176,6 +178,20 @@ impl Metrics {
                 "Events the rule allows per window (its first limit).",
                 &["rule"],
             ),
+            rule_spacing: {
+                let name = "churn_throttler_rule_spacing_seconds";
+                let metric = GaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Seconds between consecutive events after the burst (the rule's first \
+                         limit; 0 when its burst is the whole window).",
+                    ),
+                    &["rule"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                register(&registry, Box::new(metric.clone()));
+                metric
+            },
             held_requests: gauge(
                 &registry,
                 "churn_throttler_held_requests",

@@ -557,6 +557,12 @@ async fn policy_reload_applies_good_files_and_keeps_the_last_good_one() {
             .await,
         5.0
     );
+    // 5 per 1 s with the default burst: (1 s + 50 ms margin) / 5.
+    assert_eq!(
+        h.metric("churn_throttler_rule_spacing_seconds{rule=\"only\"}")
+            .await,
+        0.21
+    );
     h.stop().await;
 }
 

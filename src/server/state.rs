@@ -71,8 +71,18 @@ impl AppState {
         let policy = self.policy();
         self.metrics.window_limit.reset();
         self.metrics.window_usage.reset();
+        self.metrics.rule_spacing.reset();
         for rule in &policy.rules {
             let events = rule.limits.first().map(|l| l.events).unwrap_or(0);
+            let spacing = rule
+                .limits
+                .first()
+                .and_then(|l| l.spacing_ms())
+                .unwrap_or(0);
+            self.metrics
+                .rule_spacing
+                .with_label_values(&[&*rule.name])
+                .set(spacing as f64 / 1000.0);
             self.metrics
                 .window_limit
                 .with_label_values(&[&*rule.name])
