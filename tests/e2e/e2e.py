@@ -388,7 +388,8 @@ def request_first(reqs, pred, ns, name, since, seen):
 
 def most_inside(intervals, window):
     """The most intervals lying entirely inside one window [s, s + window): events whose
-    moment is only known to lie within their interval, counted only where that is certain."""
+    moment is only known to lie within their interval, counted only where that is certain.
+    A lower bound: a request straddling an edge is not counted in either window."""
     intervals = sorted(intervals)
     best = 0
     for i, (s, _) in enumerate(intervals):
@@ -397,10 +398,53 @@ def most_inside(intervals, window):
     return best
 
 
+def most_overlapping(intervals, window):
+    """The most intervals that merely overlap one window [s, s + window): an upper bound on
+    the events in any window, whenever inside its request each event happened. The fullest
+    window can start at the end of an interval it overlaps (moving it later, up to that
+    end, loses none), so only those starts are tried."""
+    best = 0
+    for _, end in intervals:
+        best = max(best, sum(1 for lo, hi in intervals if hi >= end and lo < end + window))
+    return best
+
+
+def effect_counts(reqs, t0, t_end, window, second):
+    """What the CNI sees, at the answer of the API request that makes it happen: a pod
+    starts when the scheduler's pods/binding is answered; a deletion or an eviction takes
+    effect when its request is answered. Exact windows of the policy's length and of 1 s,
+    no allowance for lag; beside them the requests' own intervals (most inside a window: a
+    lower bound; most overlapping it: an upper bound)."""
+    def pick(pred):
+        return [r for r in reqs if pred(r) and t0 <= r["done"] <= t_end + 2000]
+    binds = pick(lambda r: r["verb"] == "create" and r["resource"] == "pods" and r["sub"] == "binding" and r["code"] == 201)
+    dels = pick(lambda r: r["verb"] == "delete" and r["resource"] == "pods" and not r["sub"] and r["code"] == 200)
+    evictions = pick(lambda r: r["verb"] == "create" and r["resource"] == "pods" and r["sub"] == "eviction" and r["code"] == 201)
+    # A pod deleted twice (the DELETE of a pod already terminating is answered 200 too)
+    # takes effect at the first answer.
+    first_del = {}
+    for r in dels:
+        first_del.setdefault((r["ns"], r["name"]), r)
+    dels = sorted(first_del.values(), key=lambda r: r["done"])
+    out = {}
+    for name, rs in (("binds", binds), ("deletes", dels), ("evictions", evictions)):
+        done = [r["done"] for r in rs]
+        iv = [(r["recv"], r["done"]) for r in rs]
+        out[f"effect_{name}"] = len(rs)
+        out[f"effect_{name}_max"] = max_in_window(done, window)
+        out[f"effect_{name}_max_1s"] = max_in_window(done, second)
+        out[f"effect_{name}_inside"] = most_inside(iv, window)
+        out[f"effect_{name}_overlap"] = most_overlapping(iv, window)
+    return out
+
+
 def proven_counts(args, pods, excluded):
     """Deletions, creations and starts (ungated creations, gates lifted) of the rollout as
-    intervals from the audit log, counted in exact windows: see most_inside."""
-    reqs = audit_requests(args.audit, args.t0, args.t_end or args.t0 + 3_600_000, args.ns_prefix)
+    intervals from the audit log, counted in exact windows: inside (most_inside, a lower
+    bound) and overlapping (most_overlapping, an upper bound); and the effects at their
+    answers (effect_counts)."""
+    t_end = args.t_end or args.t0 + 3_600_000
+    reqs = audit_requests(args.audit, args.t0, t_end, args.ns_prefix)
     sts_user = "system:serviceaccount:kube-system:statefulset-controller"
     is_delete = lambda r: r["verb"] == "delete" and r["resource"] == "pods" and not r["sub"] and r["user"] == sts_user and r["code"] == 200
     is_create = lambda r: r["verb"] == "create" and r["resource"] == "pods" and not r["sub"] and r["user"] == sts_user and r["code"] == 201
@@ -432,13 +476,26 @@ def proven_counts(args, pods, excluded):
     w = args.window_ms
     spans = [hi - lo for lo, hi in dels + creates + starts]
     spans.sort()
-    return {
+    res = {
         "proven_deletes": most_inside(dels, w),
         "proven_creates": most_inside(creates, w),
         "proven_starts": most_inside(starts, w),
+        "overlap_deletes": most_overlapping(dels, w),
+        "overlap_creates": most_overlapping(creates, w),
+        "overlap_starts": most_overlapping(starts, w),
+        # At the answer: creations (the others' paced creates).
+        "effect_creates": len(creates),
+        "effect_creates_max": max_in_window([hi for _, hi in creates], w),
+        "effect_creates_max_1s": max_in_window([hi for _, hi in creates], 1000),
         "proven_unmatched": missing,
         "request_ms": {"median": int(spans[len(spans) // 2]), "max": int(spans[-1])} if spans else None,
     }
+    if args.exclude_from is not None:
+        # While no webhook answered, deletions and creations went through unpaced.
+        lo, hi = args.exclude_from, args.exclude_to
+        reqs = [r for r in reqs if not (lo <= r["done"] <= hi)]
+    res.update(effect_counts(reqs, args.t0, t_end, w, 1000))
+    return res
 
 
 def cmd_rollout(args):
@@ -577,6 +634,14 @@ def cmd_rollout(args):
               f"{window / 1000:g} s window: deletions {res['proven_deletes']}, creations {res['proven_creates']}, "
               f"starts {res['proven_starts']}; limit {limit}"
               + (f" ({res['proven_unmatched']} watch events without their request!)" if res["proven_unmatched"] else ""))
+        print(f"  ...and overlapping the window (an upper bound): deletions {res['overlap_deletes']}, creations "
+              f"{res['overlap_creates']}, starts {res['overlap_starts']}")
+        print(f"  at the effect (the API server's answer; a start at the scheduler's pods/binding), most in "
+              f"one {window / 1000:g} s / 1 s window: bindings {res['effect_binds_max']} / {res['effect_binds_max_1s']} "
+              f"of {res['effect_binds']}, deletions {res['effect_deletes_max']} / {res['effect_deletes_max_1s']} "
+              f"of {res['effect_deletes']}, creations {res['effect_creates_max']} / {res['effect_creates_max_1s']} "
+              f"of {res['effect_creates']}; bindings' requests inside {res['effect_binds_inside']}, "
+              f"overlapping {res['effect_binds_overlap']}; limit {limit}")
     print(f"  per {window / 1000:g} s since the trigger: deletions {res['deletes_per_window']}")
     print(f"  {' ' * len(str(window / 1000))}                          creations {res['creates_per_window']}")
     if gated:
@@ -623,6 +688,20 @@ def cmd_steps(args):
     })
     print(f"  partition steps seen: {len(steps)}; most in any {w_eff / 1000:g} s window: {res['max_steps']} "
           f"(exact {args.window_ms / 1000:g} s window: {res['max_steps_exact']}); last step {res['last_step_s']} s after the start")
+    result(res)
+
+
+def cmd_effects(args):
+    """The effects of a burst of workloads (bindings, deletions, evictions), at their
+    answers in the audit log, in exact windows of the policy's length and of 1 s."""
+    reqs = audit_requests(args.audit, args.t0, args.t_end, args.ns_prefix)
+    res = effect_counts(reqs, args.t0, args.t_end, args.window_ms, 1000)
+    done = sorted(r["done"] for r in reqs if r["sub"] == "binding" and r["code"] == 201 and r["done"] >= args.t0)
+    res["last_bind_s"] = round((done[-1] - args.t0) / 1000, 1) if done else None
+    print(f"  at the effect: {res['effect_binds']} bindings, most in one {args.window_ms / 1000:g} s window "
+          f"{res['effect_binds_max']} (their requests inside {res['effect_binds_inside']}, overlapping "
+          f"{res['effect_binds_overlap']}), in one 1 s window {res['effect_binds_max_1s']}; last binding "
+          f"{res['last_bind_s']} s after the start")
     result(res)
 
 
@@ -883,6 +962,11 @@ def main():
     p.add_argument("--ns-prefix", required=True); p.add_argument("--window-ms", type=int, required=True)
     p.add_argument("--jitter-ms", type=int, default=0); p.add_argument("--audit"); p.add_argument("--t-end", type=int)
     p.add_argument("--user", default="e2e-admin"); p.set_defaults(fn=cmd_steps)
+
+    p = sub.add_parser("effects")
+    p.add_argument("--audit", required=True); p.add_argument("--t0", type=int, required=True)
+    p.add_argument("--t-end", type=int, required=True); p.add_argument("--ns-prefix", required=True)
+    p.add_argument("--window-ms", type=int, required=True); p.set_defaults(fn=cmd_effects)
 
     p = sub.add_parser("audit"); p.add_argument("log"); p.add_argument("--since", type=int, default=0)
     p.add_argument("--until", type=int, default=0); p.add_argument("--ns-prefix", default="")

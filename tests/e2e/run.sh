@@ -24,6 +24,8 @@
 #   5. faults: churn-throttler killed (SIGKILL) mid-rollout (gate): the rollout goes on
 #      (failurePolicy Ignore), the restarted releaser seeds its windows and releases what
 #      is gated, with no burst above the limit.
+#   7. deploy: 20 Deployments x 10 created at once under the shipped policy (the
+#      ConfigMap's, 20 per 10 s): at most 20 bindings in any 10 s window at the effect.
 #   6. Prometheus: its HTTP API's decision counters equal what the test observed (watch,
 #      API server audit log); `promtool check metrics` passes on the exposition.
 #
@@ -38,11 +40,14 @@
 #   E2E_LIMIT_WINDOW=10 [10]     ...window in seconds
 #   E2E_JITTER_MS=1000           the watch-based window figures are also printed for
 #                                windows of (window - this); see below
+#   E2E_BURST=                   burst of the e2e policies' limits (empty: the policy's
+#                                default, 1); E2E_BURST=$E2E_LIMIT_EVENTS is the plain window
+#                                (a window's worth at once), which the effect checks catch
 #   E2E_ACTIONS="gate retry-after hold deny partition"
 #   E2E_PARTITION=auto           auto: the partition row becomes a TODO (not a failure)
 #                                when the releaser does not step partitions; 1: required
 #   E2E_STEP_STS=50 E2E_STEP_EVENTS=30   scenario 4: StatefulSets, steps per window
-#   E2E_SCENARIOS="optin mass steps faults"   which to run (setup and 6 always)
+#   E2E_SCENARIOS="optin mass steps faults deploy"   which to run (setup and 6 always)
 #   E2E_NODES=10                 kwok nodes
 #   E2E_KCM_QPS=200              kube-controller-manager --kube-api-qps (burst twice that):
 #                                at the default 20 the StatefulSet controller's own client
@@ -85,11 +90,12 @@ LIMIT=${E2E_LIMIT_EVENTS:-50}
 WINDOW=${E2E_LIMIT_WINDOW:-10}
 WINDOW_MS=$((WINDOW * 1000))
 JITTER_MS=${E2E_JITTER_MS:-1000}
+BURST=${E2E_BURST:-}
 ACTIONS=${E2E_ACTIONS:-gate retry-after hold deny partition}
 PARTITION_MODE=${E2E_PARTITION:-auto}
 STEP_STS=${E2E_STEP_STS:-50}
 STEP_EVENTS=${E2E_STEP_EVENTS:-30}
-SCENARIOS=${E2E_SCENARIOS:-optin mass steps faults}
+SCENARIOS=${E2E_SCENARIOS:-optin mass steps faults deploy}
 NODES=${E2E_NODES:-10}
 timeout=${E2E_TIMEOUT:-180}
 ROLLOUT_TIMEOUT=${E2E_ROLLOUT_TIMEOUT:-1500}
@@ -498,7 +504,7 @@ COLLATERAL_NS=e2e-collateral
 
 # policy_for ACTION FILE: the e2e policy of a mass-rollout row (the limit of this run).
 policy_for() {
-  local action="$1" lim="{ events: $LIMIT, window: ${WINDOW}s, scope: global }"
+  local action="$1" lim="{ events: $LIMIT, window: ${WINDOW}s, scope: global${BURST:+, burst: $BURST} }"
   {
     echo "# e2e policy: action $action, $LIMIT per ${WINDOW}s"
     echo "timeoutSeconds: 10"
@@ -805,14 +811,33 @@ for action in $ACTIONS; do
     continue
   fi
   [[ -n "$R" ]] || continue
-  lim_ok=0
+  # At the effect (what the CNI sees), from the audit log: a start at the scheduler's
+  # pods/binding answer, a deletion or a creation at its answer; exact windows of the
+  # policy's length and of 1 s, no allowance for lag. Every event must be found.
+  per_s=$(( (LIMIT + WINDOW - 1) / WINDOW + ${BURST:-1} ))
   case "$action" in
-    gate) (( $(jget "$R" proven_starts) <= LIMIT )) && lim_ok=1
-          what="pod starts (ungated creations and gates lifted) $(jget "$R" proven_starts) (watch: $(jget "$R" max_starts_exact))" ;;
-    *) (( $(jget "$R" proven_deletes) <= LIMIT && $(jget "$R" proven_creates) <= LIMIT )) && lim_ok=1
-       what="deletions $(jget "$R" proven_deletes), creations $(jget "$R" proven_creates) (watch: $(jget "$R" max_deletes_exact), $(jget "$R" max_creates_exact))" ;;
+    gate) effects="binds" ;;
+    *) effects="deletes creates" ;;
   esac
-  check "[$action] no ${WINDOW} s window holds more than $LIMIT paced events, by their requests in the audit log: $what" test "$lim_ok" == 1
+  for e in $effects; do
+    n=$(jget "$R" "effect_$e"); mx=$(jget "$R" "effect_${e}_max"); m1=$(jget "$R" "effect_${e}_max_1s")
+    check "[$action] at the effect ($e, at their answers in the audit log): at most $LIMIT in any ${WINDOW} s window ($mx) and at most $per_s in any 1 s ($m1), all $((STS * REPLICAS)) counted ($n)" \
+      test "$n" -eq $((STS * REPLICAS)) -a "$mx" -le "$LIMIT" -a "$m1" -le "$per_s"
+  done
+  # The requests' intervals: most inside a window is a lower bound (over the limit is a
+  # certain breach), most overlapping it an upper bound; the bindings' answers lie between.
+  case "$action" in
+    gate) lo_hi="pod starts by the release patches: inside $(jget "$R" proven_starts), overlapping $(jget "$R" overlap_starts)"
+          inside_ok=$(( $(jget "$R" proven_starts) <= LIMIT )) ;;
+    *) lo_hi="deletions inside $(jget "$R" proven_deletes), overlapping $(jget "$R" overlap_deletes); creations inside $(jget "$R" proven_creates), overlapping $(jget "$R" overlap_creates)"
+       inside_ok=$(( $(jget "$R" proven_deletes) <= LIMIT && $(jget "$R" proven_creates) <= LIMIT )) ;;
+  esac
+  check "[$action] no ${WINDOW} s window certainly holds more than $LIMIT paced requests ($lo_hi; watch: starts $(jget "$R" max_starts_exact), deletions $(jget "$R" max_deletes_exact), creations $(jget "$R" max_creates_exact))" \
+    test "$inside_ok" -eq 1
+  check "[$action] the bindings at their answers lie between their requests' bounds: inside $(jget "$R" effect_binds_inside) <= $(jget "$R" effect_binds_max) <= overlapping $(jget "$R" effect_binds_overlap)" \
+    test "$(jget "$R" effect_binds_inside)" -le "$(jget "$R" effect_binds_max)" -a "$(jget "$R" effect_binds_max)" -le "$(jget "$R" effect_binds_overlap)"
+  ratio_ok=$(python3 -c "import sys; r='$(jget "$R" ratio)'; print(1 if r not in ('', 'None') and float(r) <= 1.15 else 0)")
+  check "[$action] makespan $(jget "$R" makespan_s) s within 1.15 x the ideal $(jget "$R" ideal_s) s (ratio $(jget "$R" ratio))" test "$ratio_ok" -eq 1
   check "[$action] every watched event has its request in the audit log ($(jget "$R" proven_unmatched) without)" test "$(jget "$R" proven_unmatched)" -eq 0
   check "[$action] every pod re-created once: $(jget "$R" creates) created, $(jget "$R" deletes) deleted, $(jget "$R" new_ready) Ready of $((STS * REPLICAS))" \
     test "$(jget "$R" creates)" -eq $((STS * REPLICAS)) -a "$(jget "$R" new_ready)" -eq $((STS * REPLICAS))
@@ -820,9 +845,9 @@ for action in $ACTIONS; do
   col=$(jget "$R" collateral_s)
   say "[$action] collateral: $COLLATERAL_NS/web rolled out in $col s during the rollout, $IDLE_S s on the idle cluster"
   if [[ "$action" == gate ]]; then
-    peak="starts $(jget "$R" proven_starts) ($(jget "$R" max_starts_exact)); deletes $(jget "$R" proven_deletes) (not paced)"
+    peak="binds $(jget "$R" effect_binds_max) per ${WINDOW} s, $(jget "$R" effect_binds_max_1s) per 1 s (release requests inside/overlapping $(jget "$R" proven_starts)/$(jget "$R" overlap_starts); watch $(jget "$R" max_starts_exact))"
   else
-    peak="deletes $(jget "$R" proven_deletes) ($(jget "$R" max_deletes_exact)), creates $(jget "$R" proven_creates) ($(jget "$R" max_creates_exact))"
+    peak="deletes $(jget "$R" effect_deletes_max)/$(jget "$R" effect_deletes_max_1s), creates $(jget "$R" effect_creates_max)/$(jget "$R" effect_creates_max_1s) per ${WINDOW} s/1 s (inside/overlapping $(jget "$R" proven_deletes)/$(jget "$R" overlap_deletes), $(jget "$R" proven_creates)/$(jget "$R" overlap_creates); watch $(jget "$R" max_deletes_exact), $(jget "$R" max_creates_exact))"
   fi
   rows+=("mass|$action|$((STS * REPLICAS))|$(jget "$R" makespan_s)|$(jget "$R" ideal_s)|$(jget "$R" ratio)|$peak|$P429|$col|$IDLE_S|$(secs "$LAST_SPREAD")")
 done
@@ -960,6 +985,49 @@ fi
 fi
 
 # =========================================================================================
+if in_list deploy "$SCENARIOS"; then
+section "7. deploy: 20 Deployments x 10 created at once under the shipped policy"
+k -n churn-throttler get configmap churn-throttler-policy -o jsonpath='{.data.policy\.yaml}' >"$W/policy-deploy.yaml"
+start_webhook deploy "$W/policy-deploy.yaml"
+wait_warm_up
+DEPLOY_NS=deploy-e2e DEPLOYS=20 DEPLOY_REPLICAS=10 DEPLOY_LIMIT=20 DEPLOY_WINDOW=10
+k create namespace "$DEPLOY_NS" >/dev/null
+k label namespace "$DEPLOY_NS" "$OPTIN=true" >/dev/null
+wait_for "ServiceAccount of $DEPLOY_NS" "$timeout" k -n "$DEPLOY_NS" get serviceaccount default
+for i in $(seq 1 "$DEPLOYS"); do
+  cat <<EOF
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: web-$i }
+spec:
+  replicas: $DEPLOY_REPLICAS
+  selector: { matchLabels: { app: web-$i } }
+  template:
+    metadata: { labels: { app: web-$i } }
+    spec: $POD_SPEC
+EOF
+done >"$W/deploy.yaml"
+t0=$(now_ms)
+k -n "$DEPLOY_NS" apply -f "$W/deploy.yaml" >/dev/null || die "creating the Deployments"
+deploys_ready() { [[ "$(k -n "$DEPLOY_NS" get deploy -o json | python3 -c 'import json,sys; print(sum((d.get("status") or {}).get("readyReplicas") or 0 for d in json.load(sys.stdin)["items"]))')" == $((DEPLOYS * DEPLOY_REPLICAS)) ]]; }
+ideal=$(( DEPLOYS * DEPLOY_REPLICAS * DEPLOY_WINDOW / DEPLOY_LIMIT ))
+poll_for "$((DEPLOYS * DEPLOY_REPLICAS)) pods of $DEPLOYS Deployments Ready" $((3 * ideal + 60)) 2 deploys_ready \
+  || bad "[deploy] the Deployments did not become Ready within $((3 * ideal + 60)) s"
+t_end=$(now_ms)
+sleep 2 # the audit log's last lines
+out=$(py effects --audit "$W/logs/audit.log" --t0 "$t0" --t-end "$t_end" --ns-prefix "$DEPLOY_NS" --window-ms $((DEPLOY_WINDOW * 1000)))
+sed '/^RESULT /d; s/^/e2e: /' <<<"$out"
+DR=$(sed -n 's/^RESULT //p' <<<"$out")
+per_s=$(( DEPLOY_LIMIT / DEPLOY_WINDOW + 1 ))
+check "[deploy] at the effect (the scheduler's pods/binding answers): at most $DEPLOY_LIMIT in any ${DEPLOY_WINDOW} s window ($(jget "$DR" effect_binds_max)) and $per_s in any 1 s ($(jget "$DR" effect_binds_max_1s)), all $((DEPLOYS * DEPLOY_REPLICAS)) counted ($(jget "$DR" effect_binds))" \
+  test "$(jget "$DR" effect_binds)" -eq $((DEPLOYS * DEPLOY_REPLICAS)) -a "$(jget "$DR" effect_binds_max)" -le "$DEPLOY_LIMIT" -a "$(jget "$DR" effect_binds_max_1s)" -le "$per_s"
+rows+=("deploy|$DEPLOYS Deployments x $DEPLOY_REPLICAS created at once, shipped policy ($DEPLOY_LIMIT per ${DEPLOY_WINDOW}s): bindings at the effect: most $(jget "$DR" effect_binds_max) in a ${DEPLOY_WINDOW} s window, $(jget "$DR" effect_binds_max_1s) in 1 s (requests inside/overlapping $(jget "$DR" effect_binds_inside)/$(jget "$DR" effect_binds_overlap)); last binding $(jget "$DR" last_bind_s) s (ideal $ideal s)")
+k delete namespace "$DEPLOY_NS" --wait=false >/dev/null
+stop_webhook
+fi
+
+# =========================================================================================
 if [[ -n "${E2E_CAPTURE_DIR:-}" ]]; then
 section "AdmissionReview capture (E2E_CAPTURE_DIR=$E2E_CAPTURE_DIR)"
 rm -rf "$E2E_CAPTURE_DIR"; mkdir -p "$E2E_CAPTURE_DIR"
@@ -1017,7 +1085,7 @@ fi
 # =========================================================================================
 section "results"
 echo
-echo "| action | paced events | makespan (s) | ideal (s) | ratio | most paced events in a ${WINDOW} s window, limit $LIMIT: audit (watch) [1] | 429 answers | collateral rollout (s) | same, idle cluster (s) | trigger spread (s) |"
+echo "| action | paced events | makespan (s) | ideal (s) | ratio | most paced events at the effect per ${WINDOW} s / per 1 s, limit $LIMIT / $(( (LIMIT + WINDOW - 1) / WINDOW + ${BURST:-1} )) [1] | 429 answers | collateral rollout (s) | same, idle cluster (s) | trigger spread (s) |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 for r in "${rows[@]}"; do
   [[ "$r" == mass\|* ]] || continue
@@ -1030,7 +1098,7 @@ for r in "${rows[@]}"; do
 done
 echo
 for msg in "${todo[@]}"; do say "$msg"; done
-echo "[1] audit: an event counts in a window only when its whole API request lies inside it; watch: the time the watch delivered it (see the header of tests/e2e/run.sh)"
+echo "[1] at the effect: at the API server's answer of the request that makes it happen (a start: the scheduler's pods/binding), exact windows; inside/overlapping: the most requests lying inside / merely overlapping one window (lower / upper bound); watch: the time the watch delivered it (see the header of tests/e2e/run.sh)"
 say "parameters: E2E_STS=$STS E2E_NAMESPACES=$NAMESPACES E2E_LIMIT_EVENTS=$LIMIT E2E_LIMIT_WINDOW=$WINDOW E2E_JITTER_MS=$JITTER_MS E2E_STEP_STS=$STEP_STS E2E_STEP_EVENTS=$STEP_EVENTS E2E_NODES=$NODES"
 say "run time: $(( $(date +%s) - t_script )) s"
 echo "e2e: $passed passed, $failed failed"
