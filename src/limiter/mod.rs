@@ -9,7 +9,8 @@
 //!
 //! A limit with a `burst` below its events adds a spacing constraint on the same charges,
 //! a GCRA (virtual scheduling) with tolerance `burst - 1` intervals: after at most `burst`
-//! at once, consecutive charges lie `spacing` apart. Both must hold at every charge.
+//! at once, consecutive charges lie `spacing` apart. Both must hold at every charge; a
+//! spaced limit keeps its window with a margin ([`Limit::kept_window_ms`]).
 
 use crate::policy::{Limit, Scope};
 use std::collections::{HashMap, VecDeque};
@@ -192,7 +193,7 @@ impl Bucket {
 
     /// Earliest `t >= now` where `cost` more charges fit in every window holding `t`.
     fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
-        let window = limit.window.as_millis() as Millis;
+        let window = limit.kept_window_ms();
         self.earliest_for(limit.events, window, Spacing::of(limit), cost, now)
     }
 
@@ -328,7 +329,7 @@ impl Bucket {
     }
 
     fn charge(&mut self, at: Millis, cost: u32, limit: &Limit) {
-        self.window = limit.window.as_millis() as Millis;
+        self.window = limit.kept_window_ms();
         self.events = limit.events;
         self.spacing = Spacing::of(limit);
         self.charge_own(at, cost);
@@ -688,7 +689,15 @@ impl Limiter {
                 .map(|(index, r)| later(r, Place::Pool(key.clone(), index)))
         });
         let mut all: Vec<Later> = exact.chain(pooled).collect();
-        all.sort_by_key(|r| r.slot);
+        // Ties in slot are ordered by identity, not by the tables' hash order: re-placed in
+        // order on spaced slots, the order decides who gets which slot.
+        let order = |r: &Later| -> (Millis, String, usize) {
+            match &r.place {
+                Place::Exact((_, id)) => (r.slot, id.clone(), 0),
+                Place::Pool((_, id), index) => (r.slot, id.clone(), *index + 1),
+            }
+        };
+        all.sort_by_cached_key(order);
         all
     }
 

@@ -61,23 +61,35 @@ pub struct Limit {
     pub burst: u32,
 }
 
-/// Slack added to the window before it is divided into the spacing, so that an effect
+/// Slack added to the window of a spaced limit (burst below events), so that an effect
 /// lagging its decision by up to this much (the scheduler binding a released pod, the API
-/// server answering) still keeps `events` per window where it happens; at most a
-/// twentieth of the window, so it costs at most 5% of the rate (3% at 10 s).
+/// server answering) still keeps `events` per window where it happens: both the exact
+/// window and the spacing are kept over window + margin. At most a twentieth of the
+/// window, so it costs at most 5% of the rate (3% at 10 s).
 pub const SPACING_MARGIN_MS: u64 = 300;
 
 impl Limit {
-    /// Milliseconds between consecutive events after the burst: (window + margin) /
-    /// events, rounded up. None when the burst is the whole window's worth.
+    /// The margin a spaced limit keeps (0 for a plain window).
+    fn margin_ms(&self) -> u64 {
+        if self.burst >= self.events {
+            return 0;
+        }
+        (self.window.as_millis() as u64 / 20).min(SPACING_MARGIN_MS)
+    }
+
+    /// The window the limiter keeps exactly: the policy's, plus the margin when spaced.
+    pub fn kept_window_ms(&self) -> u64 {
+        self.window.as_millis() as u64 + self.margin_ms()
+    }
+
+    /// Milliseconds between consecutive events after the burst: the kept window / events,
+    /// rounded up. None when the burst is the whole window's worth (a plain window).
     pub fn spacing_ms(&self) -> Option<u64> {
         if self.burst >= self.events {
             return None;
         }
-        let window = self.window.as_millis() as u64;
-        let margin = (window / 20).min(SPACING_MARGIN_MS);
         Some(
-            (window + margin)
+            self.kept_window_ms()
                 .div_ceil(u64::from(self.events.max(1)))
                 .max(1),
         )

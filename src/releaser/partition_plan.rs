@@ -363,7 +363,7 @@ impl<'r> Windows<'r> {
         let mut fits = true;
         for (i, limit) in self.rule.limits.iter().enumerate() {
             let key = Self::key(limit.scope, namespace);
-            let window = limit.window.as_millis() as Millis;
+            let window = limit.kept_window_ms();
             let events = limit.events as usize;
             let flying = self.in_flight[i].get(&key).copied().unwrap_or(0) as usize;
             let mut seen: Vec<Millis> = self.seen[i]
@@ -417,7 +417,7 @@ impl<'r> Windows<'r> {
     fn fullest(&self, now: Millis) -> u32 {
         let mut fullest = 0;
         for (i, limit) in self.rule.limits.iter().enumerate() {
-            let window = limit.window.as_millis() as Millis;
+            let window = limit.kept_window_ms();
             let keys = self.seen[i].keys().chain(self.in_flight[i].keys());
             for key in keys {
                 let seen = self.seen[i].get(key).map_or(0, |times| {

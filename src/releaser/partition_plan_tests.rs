@@ -563,12 +563,12 @@ fn at_most_max_moves_per_round_then_again_at_once() {
     assert_eq!(plan.held.get("rollouts"), Some(&5));
 }
 
-/// The default burst (1): one step per round however many sets wait, the next one a
+/// Burst 1: one step per round however many sets wait, the next one a
 /// spacing after the last step taken, not after its pod is seen re-created.
 #[test]
 fn steps_are_spaced_by_their_decision_times() {
     let yaml = POLICY
-        .replace("events: 2, burst: 2", "events: 4")
+        .replace("events: 2, burst: 2", "events: 4, burst: 1")
         .replace("maxNotReady: 3", "maxNotReady: 10");
     let policy = policy(&yaml);
     let spacing = policy.rules[0].limits[0]

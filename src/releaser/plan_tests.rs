@@ -723,8 +723,8 @@ rules:
     assert_eq!(first, ["a", "b", "c"]);
 }
 
-/// The default burst (1): one release per round, each (window + margin) / events after
-/// the one before, and the plan wakes the controller at exactly the next spaced slot.
+/// Burst 1: one release per round, each (window + margin) / events after the one
+/// before, and the plan wakes the controller at exactly the next spaced slot.
 #[test]
 fn a_mass_release_is_spaced_and_wakes_at_the_next_slot() {
     let policy = Policy::from_yaml(
@@ -732,7 +732,7 @@ fn a_mass_release_is_spaced_and_wakes_at_the_next_slot() {
 rules:
   - name: five
     match: { resources: [pods], operations: [CREATE] }
-    limit: { events: 5, window: 10s, scope: global }
+    limit: { events: 5, burst: 1, window: 10s, scope: global }
     action: gate
 "#,
         "test",

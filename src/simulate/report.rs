@@ -7,6 +7,8 @@ use crate::limiter::Millis;
 use plotters::prelude::*;
 use std::fmt::Write as _;
 
+const SECOND: Millis = 1_000;
+
 /// Most events in any interval `(t - window, t]`; `times` need not be sorted.
 pub fn peak_in_window(times: &[Millis], window: Millis) -> usize {
     let mut sorted = times.to_vec();
@@ -44,6 +46,11 @@ pub struct Row {
     pub peak_charged: usize,
     pub peak_deletions: usize,
     pub peak_starts: usize,
+    /// The same three peaks in any 1 s: what a CNI feels (a window's worth at once, or
+    /// the spacing).
+    pub peak_paced_1s: usize,
+    pub peak_deletions_1s: usize,
+    pub peak_starts_1s: usize,
     pub outage_p50_s: Option<f64>,
     pub outage_p99_s: Option<f64>,
     pub collateral_s: Option<f64>,
@@ -79,6 +86,9 @@ pub fn row(sc: &Scenario, r: &RunResult) -> Row {
             .unwrap_or(0),
         peak_deletions: peak_in_window(&r.deletions, sc.window),
         peak_starts: peak_in_window(&r.starts, sc.window),
+        peak_paced_1s: peak_in_window(paced, SECOND),
+        peak_deletions_1s: peak_in_window(&r.deletions, SECOND),
+        peak_starts_1s: peak_in_window(&r.starts, SECOND),
         outage_p50_s: percentile(&r.outages, 50.0).map(secs),
         outage_p99_s: percentile(&r.outages, 99.0).map(secs),
         collateral_s: r.collateral.map(secs),
@@ -106,24 +116,27 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| action | makespan s | × ideal | peak paced/{w} | peak charged/{w} | peak deletions/{w} | peak starts/{w} | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged |"
+        "| action | makespan s | × ideal | peak paced/{w} | peak paced/1s | peak charged/{w} | peak deletions/{w} (/1s) | peak starts/{w} (/1s) | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged |"
     );
     let _ = writeln!(
         out,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} |",
+            "| {} | {} | {} | {} ({}) | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} |",
             r.action.as_str(),
             opt(r.makespan_s, 0),
             opt(r.vs_ideal, 2),
             r.peak_paced,
             r.action.paced_event(),
+            r.peak_paced_1s,
             r.peak_charged,
             r.peak_deletions,
+            r.peak_deletions_1s,
             r.peak_starts,
+            r.peak_starts_1s,
             opt(r.outage_p50_s, 1),
             opt(r.outage_p99_s, 1),
             if sc.collateral {
@@ -145,13 +158,14 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
 pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::from(
         "scenario,action,makespan_s,ideal_s,vs_ideal,peak_paced,paced_event,peak_charged,peak_deletions,peak_starts,window_s,\
-         outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,holds,gated,converged,workloads,events\n",
+         outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,holds,gated,converged,workloads,events,\
+         peak_paced_1s,peak_deletions_1s,peak_starts_1s\n",
     );
     let o = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{}",
+            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{}",
             sc.file.name,
             r.action.as_str(),
             o(r.makespan_s),
@@ -174,7 +188,10 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
             r.gated,
             r.converged,
             r.workloads,
-            r.events
+            r.events,
+            r.peak_paced_1s,
+            r.peak_deletions_1s,
+            r.peak_starts_1s
         );
     }
     out

@@ -156,7 +156,8 @@ pub struct ScenarioFile {
     pub terminate: String,
     /// New pod's start (scheduled to Ready).
     pub start: String,
-    /// "20/10s": events per window, global scope.
+    /// "20/10s": events per window, global scope; "20/10s,burst=20" sets the burst
+    /// (default: the policy's, 1).
     pub limit: String,
     pub max_hold: String,
     pub max_retry_after: String,
@@ -297,7 +298,23 @@ impl ScenarioFile {
                 .map(|d| d.as_millis() as Millis)
                 .map_err(|e| format!("{field}: {e}"))
         };
-        let (events, window) = parse_limit(&self.limit)?;
+        let (limit, burst) = match self.limit.split_once(',') {
+            Some((limit, burst)) => {
+                let n = burst
+                    .trim()
+                    .strip_prefix("burst=")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .ok_or_else(|| {
+                        format!("limit {:?}: write events/window,burst=N", self.limit)
+                    })?;
+                (limit, Some(n))
+            }
+            None => (self.limit.as_str(), None),
+        };
+        let (events, window) = parse_limit(limit)?;
+        if burst.is_some_and(|b| b == 0 || b > events) {
+            return Err(format!("limit {:?}: burst must be 1 to events", self.limit));
+        }
         if self.replicas == 0 || self.replicas > 1000 {
             return Err("replicas must be 1 to 1000".into());
         }
@@ -343,6 +360,7 @@ impl ScenarioFile {
             start: Dist::parse(&self.start).map_err(|e| format!("start: {e}"))?,
             events,
             window,
+            burst,
             max_hold: ms("maxHold", &self.max_hold)?,
             max_retry_after: ms("maxRetryAfter", &self.max_retry_after)?,
             max_not_ready: self.max_not_ready,
@@ -407,6 +425,8 @@ pub struct Scenario {
     pub start: Dist,
     pub events: u32,
     pub window: Millis,
+    /// The limit's burst; None: the policy's default.
+    pub burst: Option<u32>,
     pub max_hold: Millis,
     pub max_retry_after: Millis,
     pub max_not_ready: u32,
@@ -466,9 +486,12 @@ impl Scenario {
 
     pub fn policy_yaml(&self, action: SimAction) -> String {
         let limit = format!(
-            "{{ events: {}, window: {}, scope: global }}",
+            "{{ events: {}, window: {}, scope: global{} }}",
             self.events,
-            format_duration(Duration::from_millis(self.window))
+            format_duration(Duration::from_millis(self.window)),
+            self.burst
+                .map(|b| format!(", burst: {b}"))
+                .unwrap_or_default()
         );
         let max_not_ready = if self.max_not_ready > 0 {
             format!("\n    maxNotReady: {}", self.max_not_ready)

@@ -213,7 +213,7 @@ rules:
   - level: Metadata
     resources:
       - group: ""
-        resources: [pods, pods/eviction]
+        resources: [pods, pods/eviction, pods/binding]
       - group: apps
         resources: [statefulsets]
     verbs: [create, delete, patch, update]
