@@ -67,14 +67,15 @@
 # event later, after the API server wrote it, and that delay varies (up to 1.3 s in the
 # first wave of a rollout here), while the limiter schedules each burst exactly one window
 # after the last: watch times alone cannot tell a real excess from a late delivery. The
-# checks therefore take each paced event's API request from the API server's audit log
-# (its received and answered times, in microseconds; the admission decision lies between
-# them) and count an event in a window only when its whole request lies inside it; for a
-# gate lifted, from the releaser's released-at stamp to the answer of its patch. That is
-# the stated tolerance: the length of the request (median and max printed). Windows are
-# the policy's exact length. The watch-based figures (exact windows, and windows shorter
-# by E2E_JITTER_MS) are printed too, for the record. One webhook replica runs, so there is
-# no sharing between replicas to allow for.
+# checks therefore count each paced event at its effect, what the CNI sees, from the API
+# server's audit log: a pod start at the answer of the scheduler's pods/binding request,
+# a deletion or a creation at the answer of its request; in exact windows of the policy's
+# length and of 1 s (at most rate + burst), with no allowance for lag, and every event
+# must be found. Beside them, each request's interval (received..answered): the most
+# lying wholly inside one window (a lower bound: over the limit is a certain breach, and
+# is checked) and the most merely overlapping it (an upper bound, printed), and the
+# watch-based figures (exact windows, and windows shorter by E2E_JITTER_MS). One webhook
+# replica runs, so there is no sharing between replicas to allow for.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
