@@ -668,10 +668,10 @@ fn a_late_retry_is_admitted_when_it_comes_and_later_slots_move_back() {
 fn spaced_limits_admit_the_burst_then_one_per_spacing() {
     let rule: Arc<str> = Arc::from("r");
     // (case, burst, the slots six requests at t = 0 get): 5 per 10 s spaces by
-    // (10 s + 300 ms) / 5 = 2060 ms, and keeps its window over 10.3 s.
+    // (10 s + 500 ms) / 5 = 2100 ms, and keeps its window over 10.5 s.
     let cases: &[(&str, u32, [u64; 6])] = &[
-        ("burst 1", 1, [0, 2_060, 4_120, 6_180, 8_240, 10_300]),
-        ("burst 2", 2, [0, 0, 2_060, 4_120, 6_180, 10_300]),
+        ("burst 1", 1, [0, 2_100, 4_200, 6_300, 8_400, 10_500]),
+        ("burst 2", 2, [0, 0, 2_100, 4_200, 6_300, 10_500]),
         ("burst = events", 5, [0, 0, 0, 0, 0, 10_000]),
     ];
     for (case, burst, want) in cases {
@@ -694,7 +694,7 @@ fn spaced_limits_admit_the_burst_then_one_per_spacing() {
 #[test]
 fn a_gap_before_a_reserved_slot_is_used_only_when_both_sides_stay_spaced() {
     let rule: Arc<str> = Arc::from("r");
-    // 10 per 10 s, burst 1: spacing 1030 ms.
+    // 10 per 10 s, burst 1: spacing 1050 ms.
     let limits = [spaced(10, 10_000, Scope::Global, 1)];
     let mut limiter = Limiter::new(16);
     let key = BucketKey {
@@ -706,19 +706,19 @@ fn a_gap_before_a_reserved_slot_is_used_only_when_both_sides_stay_spaced() {
     limiter.record(&rule, &limits, "ns", None, 0, 1);
     limiter.record(&rule, &limits, "ns", None, 5_000, 1);
     assert_eq!(limiter.used(&key, 5_000), 2);
-    // From 500: 1030 after 0 is free and 1030 before 5000 too.
-    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 500), 1_030);
+    // From 500: 1050 after 0 is free and 1050 before 5000 too.
+    assert_eq!(limiter.earliest(&rule, &limits, "ns", None, 1, 500), 1_050);
     assert_eq!(
         limiter.earliest(&rule, &limits, "ns", None, 1, 2_000),
         2_000
     );
-    // 3970 is the last time 1030 before 5000; after it, the next room is 5000 + 1030.
+    // 3950 is the last time 1050 before 5000; after it, the next room is 5000 + 1050.
     assert_eq!(
-        limiter.earliest(&rule, &limits, "ns", None, 1, 3_970),
-        3_970
+        limiter.earliest(&rule, &limits, "ns", None, 1, 3_950),
+        3_950
     );
     assert_eq!(
-        limiter.earliest(&rule, &limits, "ns", None, 1, 3_971),
-        6_030
+        limiter.earliest(&rule, &limits, "ns", None, 1, 3_951),
+        6_050
     );
 }

@@ -109,7 +109,7 @@ struct RawLimit {
 /// is what "20 per 10 s" means to a CNI (2 per second). One would be smoother still, but a
 /// pacer that acts a little after its slot (a releaser round, a retry) then loses that
 /// time for good: the e2e gate rollout ran at 1.28 x the ideal makespan with burst 1
-/// (releases 226 ms apart at the median against a spacing of 206 ms), where a second
+/// (releases 226 ms apart at the median against a spacing of 206 ms, then), where a second
 /// token absorbs a lateness up to one spacing (see docs/e2e-results.md).
 pub const DEFAULT_BURST: u32 = 2;
 
@@ -612,9 +612,9 @@ mod tests {
         let policy = Policy::from_yaml(BASE, "p").unwrap_or_else(|e| panic!("{e}"));
         let limit = policy.rules[0].limits[0];
         assert_eq!(limit.burst, DEFAULT_BURST);
-        // 5 per 10 s: (10 s + 300 ms) / 5, the window kept with the margin.
-        assert_eq!(limit.spacing_ms(), Some(2_060));
-        assert_eq!(limit.kept_window_ms(), 10_300);
+        // 5 per 10 s: (10 s + 500 ms) / 5, the window kept with the margin.
+        assert_eq!(limit.spacing_ms(), Some(2_100));
+        assert_eq!(limit.kept_window_ms(), 10_500);
         let yaml = BASE.replace("events: 5", "events: 5, burst: 5");
         let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy.rules[0].limits[0].burst, 5);

@@ -574,7 +574,7 @@ fn steps_are_spaced_by_their_decision_times() {
     let spacing = policy.rules[0].limits[0]
         .spacing_ms()
         .expect("burst 1 spaces");
-    assert_eq!(spacing, 2_575);
+    assert_eq!(spacing, 2_625);
     let held = vec![set("a", "one"), set("b", "two"), set("c", "three")];
     let plan_with = |taken: &[TakenStep], now: Millis| {
         plan_steps(&StepInputs {

@@ -741,7 +741,7 @@ rules:
     let spacing = policy.rules[0].limits[0]
         .spacing_ms()
         .expect("burst 1 spaces");
-    assert_eq!(spacing, 2_060);
+    assert_eq!(spacing, 2_100);
     let mut pods: Vec<QueuedPod> = (0..12u64)
         .map(|i| QueuedPod {
             namespace: ["a", "b", "c"][i as usize % 3].to_string(),
