@@ -675,11 +675,16 @@ def cmd_steps(args):
               if r["resource"] == "statefulsets" and r["verb"] == "patch" and r["user"] == args.user
               and r["code"] == 200 and args.t0 <= r["done"] <= args.t_end + 2000]
         res["proven_steps"] = most_inside(iv, args.window_ms)
+        res["overlap_steps"] = most_overlapping(iv, args.window_ms)
+        # At the effect: a step takes effect when its patch is answered.
+        res["effect_steps"] = len(iv)
+        res["effect_steps_max"] = max_in_window([hi for _, hi in iv], args.window_ms)
         spans = sorted(hi - lo for lo, hi in iv)
         res["request_ms"] = {"median": int(spans[len(spans) // 2]), "max": int(spans[-1])} if spans else None
         print(f"  audit: {len(iv)} accepted partition patches; most whose whole request (median "
               f"{res['request_ms']['median'] if spans else '-'} ms, max {res['request_ms']['max'] if spans else '-'} ms) "
-              f"lies in one {args.window_ms / 1000:g} s window: {res['proven_steps']}")
+              f"lies in one {args.window_ms / 1000:g} s window: {res['proven_steps']}; overlapping it (an upper "
+              f"bound): {res['overlap_steps']}; at their answers (the effect): {res['effect_steps_max']}")
     res.update({
         "steps": len(steps),
         "max_steps": max_in_window(steps, w_eff),
