@@ -126,7 +126,11 @@ fn match_conditions_skip_exactly_the_shipped_policy_exempt_users() {
     exempt.sort();
     let file = "manifests/base/webhooks.yaml";
     let per_hook = users_skipped_by(&read(file), file);
-    assert_eq!(per_hook.len(), 2, "{file}: a validating and a mutating webhook");
+    assert_eq!(
+        per_hook.len(),
+        2,
+        "{file}: a validating and a mutating webhook"
+    );
     for users in per_hook {
         assert_eq!(
             users, exempt,
