@@ -98,7 +98,6 @@ yaml.safe_dump(docs[0]["spec"], open(sys.argv[2], "w"), sort_keys=False)' "$1" "
 
 # ---- 1. alerts ---------------------------------------------------------------
 mkdir -p "$W/alerts-component" "$W/alerts-chart"
-"$KUBECTL" kustomize "$root/manifests/components/prometheusrule" >/dev/null 2>&1 || true # a Component is not buildable alone
 rules_of "$root/manifests/components/prometheusrule/prometheusrule.yaml" "$W/alerts-component/rules.yaml"
 tmpl --set prometheusRule.enabled=true --show-only templates/prometheusrule.yaml >"$W/chart-prometheusrule.yaml" \
   || die "helm template of the PrometheusRule failed"
