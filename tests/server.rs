@@ -183,6 +183,30 @@ fn uid_of(fixture_name: &str) -> String {
         .to_string()
 }
 
+/// admission.k8s.io/v1's `patch` is a `[]byte`: a base64 string in JSON, decoding to a
+/// JSON patch (an array of operations), not an array of numbers.
+fn assert_patch_is_base64_json_patch(name: &str, patch: &Value) {
+    use base64::Engine as _;
+    let text = patch
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: patch is not a JSON string: {patch}"));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap_or_else(|e| panic!("{name}: patch is not base64 ({e}): {text}"));
+    let ops: Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{name}: patch does not decode to JSON ({e})"));
+    let ops = ops
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: patch is not a JSON array: {ops}"));
+    assert!(!ops.is_empty(), "{name}: empty patch");
+    for op in ops {
+        assert!(
+            op["op"].is_string() && op["path"].is_string(),
+            "{name}: not a JSON patch operation: {op}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_fixture_gets_an_answer_with_its_uid() {
     let mut h = Harness::start().await;
@@ -220,6 +244,7 @@ async fn every_fixture_gets_an_answer_with_its_uid() {
         );
         if *patched {
             assert_eq!(response["patchType"], json!("JSONPatch"), "{name}");
+            assert_patch_is_base64_json_patch(name, &response["patch"]);
         }
     }
     let unhandled = h

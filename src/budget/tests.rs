@@ -284,6 +284,63 @@ fn shares_shrink_at_once_and_grow_after_the_hold() {
     assert!(h.samples.len() <= 2, "bounded: {:?}", h.samples);
 }
 
+#[test]
+fn the_guess_before_the_first_count_is_not_held() {
+    let hold = 12_000;
+    let fallback = Share::Fallback { replicas: 3 };
+    let one = Share::Counted { replicas: 1 };
+    // (case, steps of (at, computed share, share in force))
+    type Steps<'a> = &'a [(Millis, Share, Share)];
+    let cases: &[(&str, Steps<'_>)] = &[
+        (
+            "a count during the warm-up follows it, with no fallback in between",
+            &[
+                (0, Share::WarmingUp, Share::WarmingUp),
+                (0, fallback, Share::WarmingUp),
+                (500, fallback, Share::WarmingUp),
+                (1_200, one, Share::WarmingUp),
+                (13_200, one, Share::WarmingUp),
+                (13_201, one, one),
+            ],
+        ),
+        (
+            "no count during the warm-up: the fallback follows it",
+            &[
+                (0, Share::WarmingUp, Share::WarmingUp),
+                (0, fallback, Share::WarmingUp),
+                (12_000, fallback, Share::WarmingUp),
+                (12_001, fallback, fallback),
+                (13_000, one, fallback),
+                (25_000, one, fallback),
+                (25_001, one, one),
+            ],
+        ),
+        (
+            "a fallback after a count is held as before (it extends the warm-up too)",
+            &[
+                (0, Share::WarmingUp, Share::WarmingUp),
+                (1_000, one, Share::WarmingUp),
+                (5_000, fallback, Share::WarmingUp),
+                (13_001, one, Share::WarmingUp),
+                (17_001, one, fallback),
+                (25_002, one, one),
+            ],
+        ),
+    ];
+    for (name, steps) in cases {
+        let mut h = ShareHistory::default();
+        for (at, computed, want) in *steps {
+            // The warm-up is pushed with an unbounded hold, as `enable_budget` does.
+            let hold = if *computed == Share::WarmingUp {
+                Millis::MAX
+            } else {
+                hold
+            };
+            assert_eq!(h.push(*at, *computed, hold), *want, "{name}: at {at}");
+        }
+    }
+}
+
 fn peer(name: &str, holder: Option<&str>, version: &str, seconds: Option<i32>) -> PeerLease {
     PeerLease {
         name: name.into(),

@@ -215,7 +215,7 @@ async fn review(
         tracing::debug!(uid = %request.uid, rule, action = decision.verdict.label(), "{message}");
     }
     let response = respond(&request, &decision);
-    Json(response.into_review()).into_response()
+    Json(crate::admission::review_json(response)).into_response()
 }
 
 fn operation_of(request: &AdmissionRequest<DynamicObject>) -> &'static str {
