@@ -367,11 +367,12 @@ for e in evs:
     res["events_by_ns"][e["metadata"]["namespace"]] = res["events_by_ns"].get(e["metadata"]["namespace"], 0) + 1
 res["event_example"] = evs[0]["note"] if evs else None
 # The restarted leader's seeding: its start-up line says how many releases it charged
-# into its windows (`seeded`); the pods' released-at stamps say how many there were in
-# the window before that moment. The releaser took `now` before listing and logging, so
-# up to SLACK_MS earlier than the line's timestamp: the count lies between the releases
-# in the window ending at the line and those in the window ending SLACK_MS earlier.
-SLACK_MS = 1500
+# into its windows (`seeded`); the pods' released-at stamps (of releases by the other
+# processes) say how many there were in the window before that moment. The releaser takes
+# `now` just before it logs (its first releases carry the line's own millisecond), so at
+# most SLACK_MS before the line: the count lies between the releases in the window ending
+# at the line and those in the window ending SLACK_MS earlier.
+SLACK_MS = 200
 lead = None
 for line in open(f"{w}/releaser-b2.log"):
     try: e = json.loads(line)
@@ -382,7 +383,9 @@ if lead is None:
     res["seeded"] = None; res["seed_expected"] = None
 else:
     t_lead = ms(lead["timestamp"])
-    stamps = [r[0] for r in rows]
+    # Not its own: the first round's releases are stamped with the round's time, before
+    # the line is written.
+    stamps = [r[0] for r in rows if r[3] != "b2"]
     res["seeded"] = lead["fields"].get("seeded")
     res["seed_gated"] = lead["fields"].get("gated")
     res["seed_expected"] = [sum(1 for x in stamps if t_lead - window < x <= t_lead),
