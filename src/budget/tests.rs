@@ -405,6 +405,9 @@ fn busiest(times: &mut [Millis], window: Millis) -> usize {
     best
 }
 
+/// Deletes to retry, earliest first: (when, request number, replica, namespace, tries so far).
+type Retries = std::collections::BinaryHeap<std::cmp::Reverse<(Millis, usize, usize, usize, u32)>>;
+
 /// Most admissions of each rule in any 10 s window, summed over three replicas with their
 /// own limiters and a third of each limit each, under a load of `steps`: (replica, gap in
 /// ms, namespace). Requests cycle through the three rules that scale (gate creates,
@@ -414,7 +417,6 @@ fn busiest(times: &mut [Millis], window: Millis) -> usize {
 /// would keep its slot from being admitted, and the bound from being approached.
 fn three_replicas(steps: &[(usize, u64, usize)]) -> [usize; 3] {
     use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
     let policy = policy();
     let replicas = 3;
     let scaled = scale_policy(&policy, Share::Counted { replicas }, GateRole::NoReleaser);
@@ -423,39 +425,37 @@ fn three_replicas(steps: &[(usize, u64, usize)]) -> [usize; 3] {
     let mut created: Vec<Millis> = Vec::new();
     let mut deleted: Vec<Millis> = Vec::new();
     let mut evicted: Vec<Millis> = Vec::new();
-    // (when, request number, replica, namespace, tries so far)
-    let mut retries: BinaryHeap<Reverse<(Millis, usize, usize, usize, u32)>> = BinaryHeap::new();
-    let mut delete =
-        |n: usize,
-         replica: usize,
-         namespace: usize,
-         at: Millis,
-         tries: u32,
-         limiters: &mut Vec<Limiter>,
-         retries: &mut BinaryHeap<Reverse<(Millis, usize, usize, usize, u32)>>| {
-            let ns = format!("ns-{namespace}");
-            let d = decide(
-                &review("delete", n, &ns),
-                Endpoint::Validate,
-                &scaled,
-                &mut limiters[replica],
-                at,
-            );
-            match d.verdict {
-                Verdict::Admitted => deleted.push(at),
-                Verdict::Hold { until } => deleted.push(until),
-                Verdict::RetryAfter { slot, .. } if tries < 5 => {
-                    retries.push(Reverse((
-                        slot.max(at + 1),
-                        n,
-                        replica,
-                        namespace,
-                        tries + 1,
-                    )));
-                }
-                _ => {}
+    let mut retries: Retries = Retries::new();
+    let mut delete = |n: usize,
+                      replica: usize,
+                      namespace: usize,
+                      at: Millis,
+                      tries: u32,
+                      limiters: &mut Vec<Limiter>,
+                      retries: &mut Retries| {
+        let ns = format!("ns-{namespace}");
+        let d = decide(
+            &review("delete", n, &ns),
+            Endpoint::Validate,
+            &scaled,
+            &mut limiters[replica],
+            at,
+        );
+        match d.verdict {
+            Verdict::Admitted => deleted.push(at),
+            Verdict::Hold { until } => deleted.push(until),
+            Verdict::RetryAfter { slot, .. } if tries < 5 => {
+                retries.push(Reverse((
+                    slot.max(at + 1),
+                    n,
+                    replica,
+                    namespace,
+                    tries + 1,
+                )));
             }
-        };
+            _ => {}
+        }
+    };
     for (n, &(replica, gap, namespace)) in steps.iter().enumerate() {
         let next = now + gap;
         while let Some(&Reverse((at, m, r, ns, tries))) = retries.peek() {
