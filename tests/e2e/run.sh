@@ -246,14 +246,21 @@ k create namespace e2e-kwok-check >/dev/null
 wait_for "ServiceAccount e2e-kwok-check/default" "$timeout" k -n e2e-kwok-check get serviceaccount default
 k -n e2e-kwok-check run probe --image=e2e.invalid/app:1 >/dev/null
 # Refused by this policy, by its message, with the pod still there: any other kubectl
-# error (no such pod, unreachable server, impersonation refused) proves nothing.
+# error (no such pod, unreachable server, impersonation refused) proves nothing. Until the
+# API server has loaded the policy, the DELETE goes through: the probe is then created
+# again for the next try (a guard that took "not found" for a refusal passed exactly so).
 kwok_refused() {
+  if ! k -n e2e-kwok-check get pod probe -o jsonpath='{.metadata.deletionTimestamp}' >"$W/kwok-probe.out" 2>&1; then
+    k -n e2e-kwok-check run probe --image=e2e.invalid/app:1 >/dev/null 2>&1
+    return 1
+  fi
+  [[ -s "$W/kwok-probe.out" ]] && return 1 # still terminating from an earlier try
   k -n e2e-kwok-check delete pod probe --as=kwok-controller --as-group=system:masters --wait=false \
     >"$W/kwok-check.out" 2>&1 && return 1
   grep -q 'e2e: kwok may only complete the deletion of a terminating pod' "$W/kwok-check.out" \
     && k -n e2e-kwok-check get pod probe >/dev/null
 }
-wait_for "kwok's DELETE of a running pod refused by e2e-kwok-deletes-only-terminating" 30 kwok_refused
+wait_for "kwok's DELETE of a running pod refused by e2e-kwok-deletes-only-terminating" 60 kwok_refused
 k delete namespace e2e-kwok-check --wait=false >/dev/null
 ok "kwok may only delete terminating pods (ValidatingAdmissionPolicy; works around kwok deleting StatefulSet successors by name)"
 
