@@ -84,6 +84,7 @@ fn args(dir: &Path) -> ServeArgs {
         drain_timeout: Duration::from_secs(5),
         max_body_bytes: 256 * 1024,
         log_format: "text".into(),
+        connections: churn_throttler::cli::ConnectionArgs::default(),
         releaser: churn_throttler::cli::ReleaserArgs::disabled(),
         budget: churn_throttler::cli::BudgetArgs::disabled(),
     }

@@ -238,7 +238,13 @@ pub fn decide_churn(
                 | Outcome::Refused { retry_at: slot, .. } => gated(Some(slot.saturating_sub(now))),
             }
         }
-        Action::Hold | Action::RetryAfter => match limiter.acquire(&ask(true), now) {
+        // No reservation further ahead than a client told to come back after
+        // maxRetryAfter keeps; beyond it: Retry-After maxRetryAfter and nothing reserved.
+        Action::Hold | Action::RetryAfter => match limiter.acquire_within(
+            &ask(true),
+            now,
+            (rule.max_retry_after.as_millis() as Millis + RETRY_ARRIVAL_MARGIN_MS).max(hold_within),
+        ) {
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
             Outcome::Held { slot } => decided(Verdict::Hold { until: slot }, None),
             Outcome::Reserved { slot } => {
