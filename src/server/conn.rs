@@ -129,9 +129,27 @@ pub async fn serve(
                                 return;
                             }
                         };
-                    serve_one(tls, router, &builder, watcher, limits.idle).await;
+                    serve_one(
+                        tls,
+                        router,
+                        &builder,
+                        watcher,
+                        limits.idle,
+                        limits.header_read,
+                    )
+                    .await;
                 }
-                None => serve_one(tcp, router, &builder, watcher, limits.idle).await,
+                None => {
+                    serve_one(
+                        tcp,
+                        router,
+                        &builder,
+                        watcher,
+                        limits.idle,
+                        limits.header_read,
+                    )
+                    .await
+                }
             }
         });
     }
@@ -147,6 +165,8 @@ pub async fn serve(
 /// Requests in flight on one connection and when the last one ended.
 struct Activity {
     origin: Instant,
+    /// Requests begun on this connection.
+    started: AtomicU64,
     in_flight: AtomicUsize,
     /// Milliseconds after `origin`.
     last_end: AtomicU64,
@@ -167,6 +187,7 @@ struct InFlight(Arc<Activity>);
 impl InFlight {
     fn new(activity: &Arc<Activity>) -> InFlight {
         activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        activity.started.fetch_add(1, Ordering::SeqCst);
         InFlight(activity.clone())
     }
 }
@@ -179,18 +200,23 @@ impl Drop for InFlight {
     }
 }
 
-/// One connection: served until it ends or has had no request in flight for `idle`.
+/// One connection: served until it ends, or has had no request in flight for `idle`, or
+/// has not completed its first request's head within `first` (hyper's HTTP/1.1 header
+/// timer only starts once the protocol is known, after 24 bytes; a client that trickles
+/// them, or speaks HTTP/2 and sends no request, is closed by this deadline).
 async fn serve_one<I>(
     io: I,
     router: Router,
     builder: &auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     idle: Duration,
+    first: Duration,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let activity = Arc::new(Activity {
         origin: Instant::now(),
+        started: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
         last_end: AtomicU64::new(0),
     });
@@ -211,7 +237,7 @@ async fn serve_one<I>(
     let connection = watcher.watch(connection);
     tokio::pin!(connection);
     // Checked a few times per idle period: closed at most a quarter late.
-    let tick = (idle / 4).max(Duration::from_millis(50));
+    let tick = (idle.min(first) / 4).max(Duration::from_millis(50));
     loop {
         tokio::select! {
             ended = &mut connection => {
@@ -221,8 +247,13 @@ async fn serve_one<I>(
                 return;
             }
             _ = tokio::time::sleep(tick) => {
-                if activity.idle_for().is_some_and(|d| d >= idle) {
-                    tracing::debug!("closing a connection idle for {idle:?}");
+                let limit = if activity.started.load(Ordering::SeqCst) == 0 {
+                    idle.min(first)
+                } else {
+                    idle
+                };
+                if activity.idle_for().is_some_and(|d| d >= limit) {
+                    tracing::debug!("closing a connection with no request for {limit:?}");
                     return;
                 }
             }
