@@ -355,3 +355,30 @@ fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
     );
     println!("Metrics: curl http://{metrics}/metrics    Readiness: curl http://{metrics}/readyz");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn private_files_are_written_0600_even_over_a_wider_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = dir.path().join("tls.key");
+        std::fs::write(&key, "old").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_file(&key, b"secret", true).unwrap_or_else(|e| panic!("{e}"));
+        let mode = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or(0)
+        };
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(std::fs::read(&key).unwrap_or_default(), b"secret");
+        let fresh = dir.path().join("new.key");
+        write_file(&fresh, b"k", true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mode(&fresh), 0o600);
+    }
+}

@@ -864,3 +864,93 @@ async fn admissions_and_reservations_survive_a_bad_policy_reload() {
     assert_eq!(h.metric("churn_throttler_reservations_open").await, 1.0);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn reviews_of_other_versions_than_v1_and_v1beta1_get_400() {
+    let mut h = Harness::start().await;
+    for version in ["admission.k8s.io/v2", "foo/v9", ""] {
+        let body = edited("pod-eviction", |r| r["apiVersion"] = json!(version));
+        let (status, text) = h.post("/validate", "application/json", body).await;
+        assert_eq!(status, 400, "{version}: {text}");
+        assert!(
+            text.contains("expected an AdmissionReview of apiVersion admission.k8s.io/v1"),
+            "{text}"
+        );
+    }
+    let body = edited("pod-eviction", |r| {
+        r["apiVersion"] = json!("admission.k8s.io/v1beta1")
+    });
+    assert_eq!(answer(&h, "/validate", body).await["allowed"], json!(true));
+    assert_eq!(
+        h.metric("churn_throttler_bad_requests_total{reason=\"api-version\"}")
+            .await,
+        3.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_held_request_whose_client_goes_away_gives_its_slot_to_the_next() {
+    let mut h = Harness::start().await;
+    let delete = |name: &str| edited("pod-delete-running", |r| r["request"]["name"] = json!(name));
+    // The rule `deletes` allows 1 per 2 s: the first is admitted, the second held.
+    assert_eq!(
+        answer(&h, "/validate", delete("first")).await["allowed"],
+        json!(true)
+    );
+    let impatient = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(h.ca.cert_pem.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gone = impatient
+        .post(format!("{}/validate", h.base))
+        .header("Content-Type", "application/json")
+        .body(delete("abandoned"))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up before the hold ended");
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_bad_requests_total{reason=\"abandoned-hold\"}",
+            1.0
+        )
+        .await,
+        1.0
+    );
+    // The third is held until the abandoned slot (inside the first window's 2 s), not
+    // a window later; the hold is the scheduled wait, not a measured time.
+    assert_eq!(
+        answer(&h, "/validate", delete("third")).await["allowed"],
+        json!(true)
+    );
+    let held = h.metric("churn_throttler_hold_duration_seconds_sum").await;
+    assert!(held > 0.0 && held < 2.0, "held {held} s");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_shorter_than_the_longest_hold_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap_or_else(|e| panic!("{e}"));
+    let ca = certgen::new_ca("ca").unwrap_or_else(|e| panic!("{e}"));
+    write_pair(dir.path(), &ca, time::Duration::days(1));
+    let mut a = args(dir.path());
+    // The rule `deletes` holds up to 3 s: the drain must last 4 s.
+    a.drain_timeout = Duration::from_millis(3_500);
+    let refused = start(a)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        refused.contains("--drain-timeout 3.5s is too short") && refused.contains("4s or more"),
+        "{refused}"
+    );
+}

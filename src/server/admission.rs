@@ -435,6 +435,23 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::policy::Policy;
 
+    #[test]
+    fn control_characters_from_a_request_are_escaped_for_the_log() {
+        let cases = [
+            ("plain-uid-1234", "plain-uid-1234"),
+            (
+                "evil\nlevel=ERROR forged\u{1b}[31m\0end",
+                "evil\\nlevel=ERROR forged\\u{1b}[31m\\0end",
+            ),
+            ("tab\there\r", "tab\\there\\r"),
+            ("ünïcode stays", "ünïcode stays"),
+        ];
+        for (raw, logged) in cases {
+            assert_eq!(log_safe(raw), logged, "{raw:?}");
+            assert!(!log_safe(raw).chars().any(char::is_control));
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_decision_past_the_deadline_gets_503_and_is_counted() {
         let state = AppState::new(Policy::builtin(), Arc::new(Metrics::new()), 1024);
