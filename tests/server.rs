@@ -954,3 +954,33 @@ async fn a_drain_shorter_than_the_longest_hold_is_refused_at_start() {
         "{refused}"
     );
 }
+
+#[tokio::test]
+async fn a_policy_reload_that_holds_longer_than_the_drain_allows_is_refused() {
+    // drain 5 s: holds of 4 s at most. The test policy's `deletes` holds 3 s.
+    let mut h = Harness::start().await;
+    let path = h.dir.path().join("policy.yaml");
+    let longer = POLICY.replace("maxHold: 3s", "maxHold: 5s");
+    std::fs::write(&path, longer).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_reloads_total{kind=\"policy\",result=\"error\"}",
+            1.0
+        )
+        .await,
+        1.0,
+        "refused"
+    );
+    // The last good policy is still in force: the second delete is held (3 s), not refused.
+    let delete = |name: &str| edited("pod-delete-running", |r| r["request"]["name"] = json!(name));
+    assert_eq!(
+        answer(&h, "/validate", delete("a")).await["allowed"],
+        json!(true)
+    );
+    assert_eq!(
+        answer(&h, "/validate", delete("b")).await["allowed"],
+        json!(true)
+    );
+    h.stop().await;
+}
