@@ -20,6 +20,8 @@ if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
   (cd "$root" && cargo build --quiet --bin churn-throttler) || { echo "hostile: cargo build failed"; echo "hostile: 0 passed, 1 failed"; exit 1; }
   CHURN_THROTTLER_BIN="$target_dir/debug/churn-throttler"
 fi
+# The client side opens 300+ sockets at once (the full-port case).
+ulimit -n 4096 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 W="$(mktemp -d /tmp/hostile.XXXXXX)"
 PIDS=()
 cleanup() {
