@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// listen on 127.0.0.1, and print a curl line that sends a sample review.
     #[arg(long, env = "CHURN_THROTTLER_DEV")]
     pub dev: bool,
+    /// Watch pods (metadata only) so that a pod DELETE or eviction is charged only when the
+    /// pod it names exists (forged reviews cannot push real requests back). On by default;
+    /// with --dev only when a Kubernetes configuration is found; `--pod-cache=false` turns it off.
+    #[arg(long = "pod-cache", env = "CHURN_THROTTLER_POD_CACHE", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub pod_cache: Option<bool>,
     /// Where --dev writes its CA, certificate and sample review.
     #[arg(
         long,

@@ -147,6 +147,19 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+    match args.pod_cache {
+        Some(false) => tracing::info!(
+            "pod cache off (--pod-cache=false): every pod DELETE and eviction is charged, whether the pod exists or not"
+        ),
+        // --dev without the flag: only if a configuration is found, without retrying.
+        wanted => {
+            tasks.spawn(server::pods::run(
+                state.clone(),
+                args.dev && wanted.is_none(),
+                stop_rx.clone(),
+            ));
+        }
+    }
     match crate::releaser::config_from_args(&args) {
         Some(config) => {
             state.set_releaser_starting();

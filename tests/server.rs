@@ -78,6 +78,7 @@ fn args(dir: &Path) -> ServeArgs {
         listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
         metrics_listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
         dev: false,
+        pod_cache: Some(false),
         dev_dir: dir.join("dev"),
         reload_interval: Duration::from_millis(50),
         shutdown_delay: Duration::from_millis(300),
@@ -982,5 +983,95 @@ async fn a_policy_reload_that_holds_longer_than_the_drain_allows_is_refused() {
         answer(&h, "/validate", delete("b")).await["allowed"],
         json!(true)
     );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_synced_pod_cache_reviews_of_pods_it_lacks_are_allowed_uncharged() {
+    let mut h = Harness::start().await;
+    let state = h.running.as_ref().map(|r| r.state.clone());
+    let Some(state) = state else {
+        panic!("no server")
+    };
+    // The cache as a watch would fill it: two real pods in shop.
+    state
+        .pods
+        .preload(
+            &[
+                (
+                    "shop",
+                    "web-5d9c7b8f6d-x7k2p",
+                    "9b2d7c1e-3c44-4a51-8d1e-6f0a2b3c4d5e",
+                ),
+                ("shop", "web-5d9c7b8f6d-other", "other-uid"),
+            ],
+            &state.metrics,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // 20 forged evictions (one a minute is the limit) and 20 forged deletions (one per
+    // 2 s, held up to 3 s) of pods that do not exist, each in its own namespace.
+    for i in 0..20 {
+        let mut eviction: Value =
+            serde_json::from_str(&fixture("pod-eviction")).unwrap_or(Value::Null);
+        eviction["request"]["namespace"] = json!(format!("forged-{i}"));
+        eviction["request"]["uid"] = json!(format!("forged-eviction-{i}"));
+        let got = answer(&h, "/validate", eviction.to_string()).await;
+        assert_eq!(got["allowed"], json!(true), "{got}");
+        let mut delete: Value =
+            serde_json::from_str(&fixture("pod-delete-running")).unwrap_or(Value::Null);
+        delete["request"]["namespace"] = json!(format!("forged-{i}"));
+        delete["request"]["oldObject"]["metadata"]["namespace"] = json!(format!("forged-{i}"));
+        delete["request"]["uid"] = json!(format!("forged-delete-{i}"));
+        let got = answer(&h, "/validate", delete.to_string()).await;
+        assert_eq!(got["allowed"], json!(true), "{got}");
+    }
+    // A deletion naming a real pod with another uid is not the API server's either.
+    let mut stale: Value =
+        serde_json::from_str(&fixture("pod-delete-running")).unwrap_or(Value::Null);
+    stale["request"]["oldObject"]["metadata"]["uid"] = json!("an-older-pod-of-that-name");
+    stale["request"]["uid"] = json!("forged-stale-uid");
+    assert_eq!(
+        answer(&h, "/validate", stale.to_string()).await["allowed"],
+        json!(true)
+    );
+    let unverified =
+        |reason: &str| format!("churn_throttler_unverified_requests_total{{reason=\"{reason}\"}}");
+    assert_eq!(
+        wait_metric(&h, &unverified("no-such-pod"), 40.0).await,
+        40.0
+    );
+    assert_eq!(wait_metric(&h, &unverified("uid-mismatch"), 1.0).await, 1.0);
+    assert_eq!(h.metric("churn_throttler_pod_cache_synced").await, 1.0);
+    // None of them took a slot: the real eviction and deletion are admitted at once
+    // (a charged forgery would have made the eviction a 429 and the deletion a hold).
+    assert_eq!(
+        h.review("/validate", "pod-eviction").await["allowed"],
+        json!(true)
+    );
+    assert_eq!(
+        h.review("/validate", "pod-delete-running").await["allowed"],
+        json!(true)
+    );
+    let decisions = |rule: &str, op: &str, action: &str| {
+        format!(
+            "churn_throttler_decisions_total{{action=\"{action}\",operation=\"{op}\",rule=\"{rule}\"}}"
+        )
+    };
+    assert_eq!(
+        h.metric(&decisions("evictions", "CREATE", "allow")).await,
+        1.0
+    );
+    assert_eq!(
+        h.metric(&decisions("deletes", "DELETE", "allow")).await,
+        1.0
+    );
+    assert_eq!(h.metric(&decisions("deletes", "DELETE", "hold")).await, 0.0);
+    // Real pods are still charged: a second real pod's eviction inside the minute is refused.
+    let mut other: Value = serde_json::from_str(&fixture("pod-eviction")).unwrap_or(Value::Null);
+    other["request"]["name"] = json!("web-5d9c7b8f6d-other");
+    other["request"]["uid"] = json!("a-real-second-eviction");
+    let refused = answer(&h, "/validate", other.to_string()).await;
+    assert_eq!(refused["allowed"], json!(false), "{refused}");
+    assert_eq!(refused["status"]["code"], json!(429));
     h.stop().await;
 }

@@ -1,5 +1,6 @@
 //! The /validate and /mutate handlers: guards, decoding, the decision, holds, metrics.
 
+use super::pods::Check;
 use super::state::{now_millis, AppState};
 use crate::admission::{
     classify, decide, mark_admission, respond, Classified, Decision, Endpoint, PassReason, Verdict,
@@ -12,7 +13,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
-use kube::core::admission::{AdmissionRequest, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use kube::core::DynamicObject;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -244,6 +245,22 @@ async fn review(
         );
     }
 
+    // Before the decision, so a forged review never reaches the limiter (see `pods`).
+    if let Check::Unverified(why) = state.pods.check(&request) {
+        state
+            .metrics
+            .unverified_requests
+            .with_label_values(&[why.as_str()])
+            .inc();
+        tracing::debug!(
+            uid = %log_safe(&request.uid),
+            namespace = %log_safe(request.namespace.as_deref().unwrap_or("")),
+            name = %log_safe(&request.name),
+            reason = why.as_str(),
+            "allowed without a charge: the pod cache has no such pod"
+        );
+        return Json(AdmissionResponse::from(&request).into_review()).into_response();
+    }
     let policy = state.decision_policy();
     let now = now_millis();
     let decision = {

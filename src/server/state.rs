@@ -28,6 +28,8 @@ pub struct AppState {
     /// The longest hold a policy may ask for (so the drain can answer every held
     /// request), in milliseconds; `u64::MAX` while unbounded.
     hold_bound_ms: AtomicU64,
+    /// Which pods exist, for charging only deletions and evictions of real pods.
+    pub pods: super::pods::PodCache,
 }
 
 impl AppState {
@@ -51,6 +53,7 @@ impl AppState {
             ),
             body_read_timeout_ms: AtomicU64::new(10_000),
             hold_bound_ms: AtomicU64::new(u64::MAX),
+            pods: super::pods::PodCache::default(),
         });
         state.publish_policy_gauges();
         state
