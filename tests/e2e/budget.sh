@@ -145,8 +145,10 @@ EOF
 start_replica() {
   local name="$1"
   : >"$W/serve-$name.log"
+  # --pod-cache=false: review_load's evictions name pods that do not exist, which the pod
+  # cache would allow uncharged (tests/e2e/forged.sh); this suite measures the budget.
   KUBECONFIG="$W/sa.kubeconfig" RUST_LOG="info" \
-    "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" \
+    "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" --pod-cache=false \
       --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
       --listen "127.0.0.1:${PORT[$name]}" --metrics-listen "127.0.0.1:${MPORT[$name]}" \
       --replica-budget=true --max-replicas 3 --releaser=true \
