@@ -32,7 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$CHURN_THROTTLER_BIN" default-policy >"$W/policy.yaml"
-"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/dev" --config "$W/policy.yaml" \
+"$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/dev" --config "$W/policy.yaml" \
   --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --reload-interval 200ms \
   --max-body-bytes 1048576 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
 SERVER=$!
@@ -167,7 +167,7 @@ line="$(grep -m1 'policy not reloaded' "$W/serve.log" | sed 's/\x1b\[[0-9;]*m//g
 printf '%-44s %-6s %-8s %s\n' "broken policy written (hot reload)" "-" "-" "$line"
 [[ "$(metric churn_throttler_policy_rules)" == 5 ]] && ok || bad "the last good policy (5 rules) is not in force"
 # A key that does not match the certificate: refused, the last good pair keeps serving.
-"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
+"$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
 other=$!
 for _ in $(seq 1 50); do [[ -s "$W/other/tls.key" ]] && break; sleep 0.1; done
 kill -TERM "$other" 2>/dev/null; wait "$other" 2>/dev/null

@@ -57,7 +57,7 @@ SHORT=(--tls-handshake-timeout 3s --header-read-timeout 3s --body-read-timeout 3
 # start NAME ARGS...: a --dev server; sets PORT, MPORT, PID, CA.
 start() {
   local name="$1"; shift
-  NO_COLOR=1 RUST_LOG="${LOG_LEVEL:-info}" "$@" serve --dev --dev-dir "$W/$name" --config "$W/policy.yaml" \
+  NO_COLOR=1 RUST_LOG="${LOG_LEVEL:-info}" "$@" serve --dev --pod-cache=false --dev-dir "$W/$name" --config "$W/policy.yaml" \
     --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --shutdown-delay 0s "${SHORT[@]}" >"$W/$name.log" 2>&1 &
   PID=$!
   PIDS+=("$PID")
@@ -118,7 +118,7 @@ grep -o 'admission connections capped at [0-9]*' "$W/s2.log" | head -n1
 case_ full-port --count 300 --timeout 4
 
 echo "=== a drain shorter than the longest hold"
-start_out="$(timeout 20 "$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/s3" --listen 127.0.0.1:0 \
+start_out="$(timeout 20 "$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/s3" --listen 127.0.0.1:0 \
   --metrics-listen 127.0.0.1:0 --drain-timeout 1s 2>&1)"
 rc=$?
 echo "serve --drain-timeout 1s (built-in policy, maxHold 2s): exit $rc: $(echo "$start_out" | tail -n1)"

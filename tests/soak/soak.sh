@@ -52,7 +52,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-RUST_LOG=warn "$bin" serve --dev --dev-dir "$W/dev" --listen 127.0.0.1:0 \
+RUST_LOG=warn "$bin" serve --dev --pod-cache=false --dev-dir "$W/dev" --listen 127.0.0.1:0 \
   --metrics-listen 127.0.0.1:0 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
 SERVER=$!
 # Port 0: --dev prints the bound addresses (its curl line and the metrics line).
