@@ -392,7 +392,7 @@ start_webhook() { # start_webhook NAME POLICY: serve with the releaser, as the S
       --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
       --listen "127.0.0.1:$WH_PORT" --metrics-listen "127.0.0.1:$MET_PORT" \
       --releaser=true --lease-namespace churn-throttler --identity e2e-webhook \
-      --shutdown-delay 0s --drain-timeout 5s --log-format json >>"$W/webhook-$name.log" 2>&1 &
+      --shutdown-delay 0s --drain-timeout 7s --log-format json >>"$W/webhook-$name.log" 2>&1 &
   PROC[webhook]=$!
   disown "${PROC[webhook]}"
   wait_for "churn-throttler ($name) ready" "$timeout" curl -fsS --max-time 1 "http://127.0.0.1:$MET_PORT/readyz"

@@ -386,7 +386,7 @@ start_webhook() {
     --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
     --listen "127.0.0.1:$WH_PORT" --metrics-listen 127.0.0.1:0 \
     --releaser=false --replica-budget=false \
-    --shutdown-delay 0s --drain-timeout 1s --log-format json >>"$W/webhook.log" 2>&1 &
+    --shutdown-delay 0s --drain-timeout 4s --log-format json >>"$W/webhook.log" 2>&1 &
   WEBHOOK_PID=$!
   wait_for "webhook serving" grep -q '"churn-throttler serving"' "$W/webhook.log"
   METRICS="$(python3 -c '
