@@ -147,20 +147,15 @@ async fn within_deadline(
 ) -> Response {
     match tokio::time::timeout(deadline, decision).await {
         Ok(response) => response,
-        Err(_) => {
-            state
-                .metrics
-                .bad_requests
-                .with_label_values(&["deadline"])
-                .inc();
-            error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "churn-throttler: no decision within {}ms; the webhook's failurePolicy applies",
-                    deadline.as_millis()
-                ),
-            )
-        }
+        Err(_) => refuse(
+            state,
+            "deadline",
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "churn-throttler: no decision within {}ms; the webhook's failurePolicy applies",
+                deadline.as_millis()
+            ),
+        ),
     }
 }
 
@@ -176,12 +171,9 @@ async fn review(
         .unwrap_or("");
     let media_type = content_type.split(';').next().unwrap_or("").trim();
     if !media_type.eq_ignore_ascii_case("application/json") {
-        state
-            .metrics
-            .bad_requests
-            .with_label_values(&["content-type"])
-            .inc();
-        return error_response(
+        return refuse(
+            state,
+            "content-type",
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!(
                 "churn-throttler: expected Content-Type application/json, got {content_type:?}"
@@ -191,12 +183,9 @@ async fn review(
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(e) => {
-            state
-                .metrics
-                .bad_requests
-                .with_label_values(&["malformed"])
-                .inc();
-            return error_response(
+            return refuse(
+                state,
+                "malformed",
                 StatusCode::BAD_REQUEST,
                 format!("churn-throttler: the body is not an AdmissionReview: {e}"),
             );
@@ -204,12 +193,9 @@ async fn review(
     };
     let api_version = review.types.api_version.as_str();
     if !SUPPORTED_API_VERSIONS.contains(&api_version) || review.types.kind != "AdmissionReview" {
-        state
-            .metrics
-            .bad_requests
-            .with_label_values(&["api-version"])
-            .inc();
-        return error_response(
+        return refuse(
+            state,
+            "api-version",
             StatusCode::BAD_REQUEST,
             format!(
                 "churn-throttler: expected an AdmissionReview of apiVersion {}, got kind {:?} of apiVersion {:?}",
@@ -222,24 +208,18 @@ async fn review(
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
         Err(_) => {
-            state
-                .metrics
-                .bad_requests
-                .with_label_values(&["no-request"])
-                .inc();
-            return error_response(
+            return refuse(
+                state,
+                "no-request",
                 StatusCode::BAD_REQUEST,
                 "churn-throttler: the AdmissionReview has no request".to_string(),
             );
         }
     };
     if request.uid.is_empty() {
-        state
-            .metrics
-            .bad_requests
-            .with_label_values(&["no-uid"])
-            .inc();
-        return error_response(
+        return refuse(
+            state,
+            "no-uid",
             StatusCode::BAD_REQUEST,
             "churn-throttler: the AdmissionReview request has no uid".to_string(),
         );
@@ -324,6 +304,17 @@ fn operation_of(request: &AdmissionRequest<DynamicObject>) -> &'static str {
         Operation::Delete => "DELETE",
         Operation::Connect => "CONNECT",
     }
+}
+
+/// Counts a request refused before any decision under its `bad_requests` reason, and
+/// answers it with `status` and a sentence.
+fn refuse(state: &AppState, reason: &'static str, status: StatusCode, message: String) -> Response {
+    state
+        .metrics
+        .bad_requests
+        .with_label_values(&[reason])
+        .inc();
+    error_response(status, message)
 }
 
 pub fn error_response(status: StatusCode, message: String) -> Response {
