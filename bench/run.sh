@@ -159,12 +159,22 @@ results=$work/results.txt
 # CPU time (user + system, clock ticks) a process has used: CPU per request is the figure
 # that the other load on a shared machine disturbs least.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# A run whose loadgen fails is never dropped silently: exit 2 (requests failed) keeps its
+# row, whose errors column counts them; any other exit or no row is a crash. Either is
+# listed at the end and the script exits 1, after the tables.
+failed_runs=()
 lg() { # server proto label-suffix loadgen-args...
   local server=$1 proto=$2 suffix=$3; shift 3
-  local before line
+  local before line rc=0
   before=$(cpu_ticks "${pid_of[$server]}")
   line=$($nice $lg_prefix "$bin/examples/loadgen" --url "${url[$server]}" --ca "$ca" --server-name localhost \
-    --proto "$proto" "${fixtures[@]}" --label "$server" "$@" 2>>"$work/loadgen.log" || true)
+    --proto "$proto" "${fixtures[@]}" --label "$server" "$@" 2>>"$work/loadgen.log") || rc=$?
+  if [[ $rc != 0 || "$line" != *" mode="* ]]; then
+    local kept="no row"; [[ -n "$line" ]] && kept="row kept"
+    failed_runs+=("$server $proto $suffix $* (loadgen exit $rc, $kept)")
+    say "FAILED: loadgen against $server ($proto $suffix $*) exited $rc; $(tail -n 2 "$work/loadgen.log" | tr '\n' ' ')"
+  fi
+  [[ -n "$line" ]] || return 0
   echo "$line server_cpu_ticks=$(($(cpu_ticks "${pid_of[$server]}") - before)) clk_tck=$(getconf CLK_TCK) $suffix" | tee -a "$results" >&2
 }
 
@@ -275,4 +285,10 @@ if [ -n "${OUT:-}" ]; then
   cp "$tables" "$OUT/bench-tables.md"
   "$bin/examples/bench_plot" "$results" "$OUT"
   say "raw results, tables and plots written to $OUT"
+fi
+
+if (( ${#failed_runs[@]} > 0 )); then
+  say "${#failed_runs[@]} load runs failed (their figures are missing or count errors):"
+  for r in "${failed_runs[@]}"; do say "  $r"; done
+  exit 1
 fi

@@ -19,6 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::{http1, http2};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -398,7 +399,7 @@ fn loopback_target(args: &Args) -> anyhow::Result<Target> {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(&args.ca)
         .map_err(|e| anyhow::anyhow!("cannot read --ca {}: {e}", args.ca.display()))?;
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
         roots.add(cert?)?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// listen on 127.0.0.1, and print a curl line that sends a sample review.
     #[arg(long, env = "CHURN_THROTTLER_DEV")]
     pub dev: bool,
+    /// Watch pods (metadata only) so that a pod DELETE or eviction is charged only when the
+    /// pod it names exists (forged reviews cannot push real requests back). On by default;
+    /// with --dev only when a Kubernetes configuration is found; `--pod-cache=false` turns it off.
+    #[arg(long = "pod-cache", env = "CHURN_THROTTLER_POD_CACHE", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub pod_cache: Option<bool>,
     /// Where --dev writes its CA, certificate and sample review.
     #[arg(
         long,
@@ -81,9 +87,58 @@ pub struct ServeArgs {
     #[arg(long, env = "CHURN_THROTTLER_LOG_FORMAT", default_value = "text")]
     pub log_format: String,
     #[command(flatten)]
+    pub connections: ConnectionArgs,
+    #[command(flatten)]
     pub releaser: ReleaserArgs,
     #[command(flatten)]
     pub budget: BudgetArgs,
+}
+
+/// Timeouts and caps of the connections on both ports (docs/operations.md, "Hostile
+/// and broken clients"). The defaults are never reached by a kube-apiserver.
+#[derive(Args, Debug, Clone)]
+pub struct ConnectionArgs {
+    /// Longest TLS handshake on the admission port.
+    #[arg(long, env = "CHURN_THROTTLER_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: std::time::Duration,
+    /// HTTP/1.1: longest wait for a request's complete head (also bounds an idle
+    /// HTTP/1.1 keep-alive connection), on both ports.
+    #[arg(long, env = "CHURN_THROTTLER_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: std::time::Duration,
+    /// Deadline for a request's whole body, from its head; then 408 and the connection closes.
+    #[arg(long, env = "CHURN_THROTTLER_BODY_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub body_read_timeout: std::time::Duration,
+    /// A connection with no request in flight for this long is closed (HTTP/1.1 and HTTP/2).
+    #[arg(long, env = "CHURN_THROTTLER_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
+    /// HTTP/2 PING interval; a PING unanswered for as long closes the connection.
+    #[arg(long, env = "CHURN_THROTTLER_HTTP2_PING_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub http2_ping_interval: std::time::Duration,
+    /// Open connections on the admission port at most (lowered to fit the open-file
+    /// limit with room for the metrics port); more are closed as they are accepted.
+    #[arg(long, env = "CHURN_THROTTLER_MAX_CONNECTIONS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Open connections on the metrics/probe port at most, counted apart from the
+    /// admission port's, so the probes are answered when that port is full.
+    #[arg(long, env = "CHURN_THROTTLER_MAX_METRICS_CONNECTIONS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_metrics_connections: u32,
+}
+
+impl Default for ConnectionArgs {
+    /// The flags' defaults, for embedding `serve` (tests).
+    fn default() -> ConnectionArgs {
+        ConnectionArgs {
+            tls_handshake_timeout: std::time::Duration::from_secs(10),
+            header_read_timeout: std::time::Duration::from_secs(10),
+            body_read_timeout: std::time::Duration::from_secs(10),
+            idle_timeout: std::time::Duration::from_secs(120),
+            http2_ping_interval: std::time::Duration::from_secs(30),
+            max_connections: 1000,
+            max_metrics_connections: 64,
+        }
+    }
 }
 
 /// The global budget across webhook replicas (see docs/global-budget.md).

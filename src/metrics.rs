@@ -31,6 +31,11 @@ pub struct Metrics {
     pub unhandled: IntCounterVec,
     /// requests refused before a decision (malformed, wrong content type, too large)
     pub bad_requests: IntCounterVec,
+    /// pod DELETEs and evictions allowed without a charge: the pod is not the one the
+    /// pod cache has, by reason (no-such-pod, uid-mismatch)
+    pub unverified_requests: IntCounterVec,
+    /// 1 once the pod cache has listed every pod, 0 without a cache or before
+    pub pod_cache_synced: IntGauge,
     pub gated_pods: IntCounterVec,
     pub policy_rules: IntGauge,
     pub ready: IntGauge,
@@ -221,6 +226,17 @@ impl Metrics {
                 "churn_throttler_bad_requests_total",
                 "Requests answered with an HTTP error before any decision, by reason.",
                 &["reason"],
+            ),
+            unverified_requests: counter_vec(
+                &registry,
+                "churn_throttler_unverified_requests_total",
+                "Pod DELETEs and evictions allowed without a charge because the pod cache has no such pod, by reason.",
+                &["reason"],
+            ),
+            pod_cache_synced: gauge(
+                &registry,
+                "churn_throttler_pod_cache_synced",
+                "1 once the pod cache has listed every pod (deletions of pods it lacks are then not charged), else 0.",
             ),
             gated_pods: counter_vec(
                 &registry,

@@ -25,7 +25,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if dev {
         print_dev_help(&dev_dir, running.tls_addr, running.metrics_addr);
     }
-    wait_for_signal().await;
+    wait_for_signal(&running.reload_now).await;
     running.shutdown().await;
     Ok(())
 }
@@ -35,6 +35,8 @@ pub struct Running {
     pub tls_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
     pub state: Arc<AppState>,
+    /// Wakes the reloader: what SIGHUP does.
+    pub reload_now: Arc<tokio::sync::Notify>,
     stop: watch::Sender<bool>,
     tasks: tokio::task::JoinSet<()>,
     shutdown_delay: Duration,
@@ -59,6 +61,18 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         prepare_dev(&mut args)?;
     }
     let (policy, policy_source) = load_policy(args.config.as_deref())?;
+    // A held request is answered only if its hold ends inside the drain.
+    let hold_bound = args.drain_timeout.saturating_sub(HOLD_ANSWER_MARGIN);
+    let longest = crate::server::state::longest_hold(&policy);
+    if longest > hold_bound {
+        bail!(
+            "--drain-timeout {:?} is too short: the policy ({policy_source}) can hold a request for {longest:?}, \
+             and a graceful stop answers every held request only if the drain lasts at least the longest hold \
+             plus {HOLD_ANSWER_MARGIN:?}; set --drain-timeout to {:?} or more, or lower the rules' maxHold",
+            args.drain_timeout,
+            longest + HOLD_ANSWER_MARGIN,
+        );
+    }
     let (cert_path, key_path) = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ => bail!("serve needs --tls-cert and --tls-key (or --dev for a self-signed localhost certificate)"),
@@ -82,6 +96,9 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
 
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(policy, metrics.clone(), args.max_body_bytes);
+    state.set_body_read_timeout(args.connections.body_read_timeout);
+    state.set_hold_bound(hold_bound);
+    let reload_now = Arc::new(tokio::sync::Notify::new());
     let (stop, stop_rx) = watch::channel(false);
 
     let metrics_listener = server::bind(args.metrics_listen, "metrics").await?;
@@ -90,18 +107,29 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     let metrics_addr = metrics_listener.local_addr()?;
 
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(server::serve_tls(
+    let (admission_limits, metrics_limits) = connection_limits(&args.connections);
+    tracing::info!(
+        admission = admission_limits.max_connections,
+        metrics = metrics_limits.max_connections,
+        "open connections capped per port"
+    );
+    tasks.spawn(server::conn::serve(
         tls_listener,
-        TlsAcceptor::from(tls_config),
+        Some(TlsAcceptor::from(tls_config)),
         server::admission_router(state.clone()),
         metrics.clone(),
+        admission_limits,
         stop_rx.clone(),
         args.drain_timeout,
     ));
-    tasks.spawn(server::serve_plain(
+    tasks.spawn(server::conn::serve(
         metrics_listener,
+        None,
         server::metrics_router(state.clone()),
+        metrics.clone(),
+        metrics_limits,
         stop_rx.clone(),
+        Duration::from_secs(1),
     ));
     tasks.spawn(reload::poll(
         state.clone(),
@@ -115,9 +143,23 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         )),
         policy_file,
         args.reload_interval,
+        reload_now.clone(),
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+    match args.pod_cache {
+        Some(false) => tracing::info!(
+            "pod cache off (--pod-cache=false): every pod DELETE and eviction is charged, whether the pod exists or not"
+        ),
+        // --dev without the flag: only if a configuration is found, without retrying.
+        wanted => {
+            tasks.spawn(server::pods::run(
+                state.clone(),
+                args.dev && wanted.is_none(),
+                stop_rx.clone(),
+            ));
+        }
+    }
     match crate::releaser::config_from_args(&args) {
         Some(config) => {
             state.set_releaser_starting();
@@ -144,10 +186,49 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         tls_addr,
         metrics_addr,
         state,
+        reload_now,
         stop,
         tasks,
         shutdown_delay: args.shutdown_delay,
     })
+}
+
+/// Time left after the longest hold for its answer to be written before the drain ends.
+const HOLD_ANSWER_MARGIN: Duration = Duration::from_secs(1);
+
+/// File descriptors kept free of both ports' caps: listeners, API clients, files, logs.
+const RESERVED_FDS: usize = 64;
+
+/// Both ports' limits from the flags; the admission port's cap is lowered to fit the
+/// open-file limit with the metrics port's cap and a reserve left over, so that a full
+/// admission port never leaves the probes without a descriptor.
+fn connection_limits(
+    args: &crate::cli::ConnectionArgs,
+) -> (server::conn::Limits, server::conn::Limits) {
+    let metrics_cap = args.max_metrics_connections as usize;
+    let mut admission_cap = args.max_connections as usize;
+    if let Some(files) = server::conn::open_file_limit() {
+        let room = files.saturating_sub(metrics_cap + RESERVED_FDS).max(1);
+        if room < admission_cap {
+            tracing::warn!(
+                "the open-file limit is {files}: admission connections capped at {room} \
+                 (--max-connections {admission_cap}), {metrics_cap} kept for the metrics port"
+            );
+            admission_cap = room;
+        }
+    }
+    let admission = server::conn::Limits {
+        handshake: args.tls_handshake_timeout,
+        header_read: args.header_read_timeout,
+        idle: args.idle_timeout,
+        http2_ping: args.http2_ping_interval,
+        max_connections: admission_cap,
+    };
+    let metrics = server::conn::Limits {
+        max_connections: metrics_cap,
+        ..admission
+    };
+    (admission, metrics)
 }
 
 fn load_policy(path: Option<&Path>) -> anyhow::Result<(Policy, String)> {
@@ -172,24 +253,40 @@ async fn sweep_loop(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn wait_for_signal() {
+/// Until SIGTERM or SIGINT. SIGHUP (whose default action would end the process) re-reads
+/// the certificate and policy files at once and serving goes on.
+async fn wait_for_signal(reload_now: &tokio::sync::Notify) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(hangup) => Some(hangup),
+            Err(e) => {
+                tracing::warn!("cannot handle SIGHUP: {e}");
+                None
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+        };
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(term) => Some(term),
+            Err(e) => {
+                tracing::warn!("cannot handle SIGTERM: {e}");
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                Some(()) = async { hangup.as_mut()?.recv().await } => {
+                    tracing::info!("SIGHUP: re-reading the certificate and policy files");
+                    reload_now.notify_one();
+                }
+                Some(()) = async { term.as_mut()?.recv().await } => return,
+                _ = tokio::signal::ctrl_c() => return,
             }
         }
     }
     #[cfg(not(unix))]
     {
+        let _ = reload_now;
         let _ = tokio::signal::ctrl_c().await;
     }
 }
@@ -205,16 +302,16 @@ fn prepare_dev(args: &mut ServeArgs) -> anyhow::Result<()> {
         time::Duration::hours(-1),
         time::Duration::days(30),
     )?;
-    let write = |name: &str, content: &str| -> anyhow::Result<PathBuf> {
+    let write = |name: &str, content: &str, private: bool| -> anyhow::Result<PathBuf> {
         let path = dir.join(name);
-        std::fs::write(&path, content)
+        write_file(&path, content.as_bytes(), private)
             .with_context(|| format!("cannot write {}", path.display()))?;
         Ok(path)
     };
-    write("ca.crt", &ca.cert_pem)?;
-    args.tls_cert = Some(write("tls.crt", &serving.cert_pem)?);
-    args.tls_key = Some(write("tls.key", &serving.key_pem)?);
-    write("sample-review.json", SAMPLE_REVIEW)?;
+    write("ca.crt", &ca.cert_pem, false)?;
+    args.tls_cert = Some(write("tls.crt", &serving.cert_pem, false)?);
+    args.tls_key = Some(write("tls.key", &serving.key_pem, true)?);
+    write("sample-review.json", SAMPLE_REVIEW, false)?;
     let loopback = |addr: SocketAddr, default_port: u16| {
         if addr.ip().is_unspecified() {
             SocketAddr::from((
@@ -237,6 +334,27 @@ fn prepare_dev(args: &mut ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `content` to `path`; a private file (a key) is readable by its owner only
+/// (0600), also when it already existed with a wider mode.
+fn write_file(path: &Path, content: &[u8], private: bool) -> std::io::Result<()> {
+    #[cfg(unix)]
+    if private {
+        use std::io::Write;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        // `mode` applies to new files only: narrow an older one before writing the key.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        return file.write_all(content);
+    }
+    let _ = private;
+    std::fs::write(path, content)
+}
+
 fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
     let ca = dir.join("ca.crt");
     let sample = dir.join("sample-review.json");
@@ -249,4 +367,31 @@ fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
         tls.port()
     );
     println!("Metrics: curl http://{metrics}/metrics    Readiness: curl http://{metrics}/readyz");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn private_files_are_written_0600_even_over_a_wider_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let key = dir.path().join("tls.key");
+        std::fs::write(&key, "old").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644))
+            .unwrap_or_else(|e| panic!("{e}"));
+        write_file(&key, b"secret", true).unwrap_or_else(|e| panic!("{e}"));
+        let mode = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o777)
+                .unwrap_or(0)
+        };
+        assert_eq!(mode(&key), 0o600);
+        assert_eq!(std::fs::read(&key).unwrap_or_default(), b"secret");
+        let fresh = dir.path().join("new.key");
+        write_file(&fresh, b"k", true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mode(&fresh), 0o600);
+    }
 }

@@ -78,12 +78,14 @@ fn args(dir: &Path) -> ServeArgs {
         listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
         metrics_listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
         dev: false,
+        pod_cache: Some(false),
         dev_dir: dir.join("dev"),
         reload_interval: Duration::from_millis(50),
         shutdown_delay: Duration::from_millis(300),
         drain_timeout: Duration::from_secs(5),
         max_body_bytes: 256 * 1024,
         log_format: "text".into(),
+        connections: churn_throttler::cli::ConnectionArgs::default(),
         releaser: churn_throttler::cli::ReleaserArgs::disabled(),
         budget: churn_throttler::cli::BudgetArgs::disabled(),
     }
@@ -183,6 +185,30 @@ fn uid_of(fixture_name: &str) -> String {
         .to_string()
 }
 
+/// admission.k8s.io/v1's `patch` is a `[]byte`: a base64 string in JSON, decoding to a
+/// JSON patch (an array of operations), not an array of numbers.
+fn assert_patch_is_base64_json_patch(name: &str, patch: &Value) {
+    use base64::Engine as _;
+    let text = patch
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: patch is not a JSON string: {patch}"));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap_or_else(|e| panic!("{name}: patch is not base64 ({e}): {text}"));
+    let ops: Value = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("{name}: patch does not decode to JSON ({e})"));
+    let ops = ops
+        .as_array()
+        .unwrap_or_else(|| panic!("{name}: patch is not a JSON array: {ops}"));
+    assert!(!ops.is_empty(), "{name}: empty patch");
+    for op in ops {
+        assert!(
+            op["op"].is_string() && op["path"].is_string(),
+            "{name}: not a JSON patch operation: {op}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_fixture_gets_an_answer_with_its_uid() {
     let mut h = Harness::start().await;
@@ -220,6 +246,7 @@ async fn every_fixture_gets_an_answer_with_its_uid() {
         );
         if *patched {
             assert_eq!(response["patchType"], json!("JSONPatch"), "{name}");
+            assert_patch_is_base64_json_patch(name, &response["patch"]);
         }
     }
     let unhandled = h
@@ -867,5 +894,215 @@ async fn admissions_and_reservations_survive_a_bad_policy_reload() {
     assert!(retry_after(&b_last) <= b_wait_again, "{b_last}");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(h.metric("churn_throttler_reservations_open").await, 1.0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn reviews_of_other_versions_than_v1_and_v1beta1_get_400() {
+    let mut h = Harness::start().await;
+    for version in ["admission.k8s.io/v2", "foo/v9", ""] {
+        let body = edited("pod-eviction", |r| r["apiVersion"] = json!(version));
+        let (status, text) = h.post("/validate", "application/json", body).await;
+        assert_eq!(status, 400, "{version}: {text}");
+        assert!(
+            text.contains("expected an AdmissionReview of apiVersion admission.k8s.io/v1"),
+            "{text}"
+        );
+    }
+    let body = edited("pod-eviction", |r| {
+        r["apiVersion"] = json!("admission.k8s.io/v1beta1")
+    });
+    assert_eq!(answer(&h, "/validate", body).await["allowed"], json!(true));
+    assert_eq!(
+        h.metric("churn_throttler_bad_requests_total{reason=\"api-version\"}")
+            .await,
+        3.0
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_held_request_whose_client_goes_away_gives_its_slot_to_the_next() {
+    let mut h = Harness::start().await;
+    let delete = |name: &str| edited("pod-delete-running", |r| r["request"]["name"] = json!(name));
+    // The rule `deletes` allows 1 per 2 s: the first is admitted, the second held.
+    assert_eq!(
+        answer(&h, "/validate", delete("first")).await["allowed"],
+        json!(true)
+    );
+    let impatient = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(h.ca.cert_pem.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gone = impatient
+        .post(format!("{}/validate", h.base))
+        .header("Content-Type", "application/json")
+        .body(delete("abandoned"))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up before the hold ended");
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_bad_requests_total{reason=\"abandoned-hold\"}",
+            1.0
+        )
+        .await,
+        1.0
+    );
+    // The third is held until the abandoned slot (inside the first window's 2 s), not
+    // a window later; the hold is the scheduled wait, not a measured time.
+    assert_eq!(
+        answer(&h, "/validate", delete("third")).await["allowed"],
+        json!(true)
+    );
+    let held = h.metric("churn_throttler_hold_duration_seconds_sum").await;
+    assert!(held > 0.0 && held < 2.0, "held {held} s");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_shorter_than_the_longest_hold_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap_or_else(|e| panic!("{e}"));
+    let ca = certgen::new_ca("ca").unwrap_or_else(|e| panic!("{e}"));
+    write_pair(dir.path(), &ca, time::Duration::days(1));
+    let mut a = args(dir.path());
+    // The rule `deletes` holds up to 3 s: the drain must last 4 s.
+    a.drain_timeout = Duration::from_millis(3_500);
+    let refused = start(a)
+        .await
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        refused.contains("--drain-timeout 3.5s is too short") && refused.contains("4s or more"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_policy_reload_that_holds_longer_than_the_drain_allows_is_refused() {
+    // drain 5 s: holds of 4 s at most. The test policy's `deletes` holds 3 s.
+    let mut h = Harness::start().await;
+    let path = h.dir.path().join("policy.yaml");
+    let longer = POLICY.replace("maxHold: 3s", "maxHold: 5s");
+    std::fs::write(&path, longer).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        wait_metric(
+            &h,
+            "churn_throttler_reloads_total{kind=\"policy\",result=\"error\"}",
+            1.0
+        )
+        .await,
+        1.0,
+        "refused"
+    );
+    // The last good policy is still in force: the second delete is held (3 s), not refused.
+    let delete = |name: &str| edited("pod-delete-running", |r| r["request"]["name"] = json!(name));
+    assert_eq!(
+        answer(&h, "/validate", delete("a")).await["allowed"],
+        json!(true)
+    );
+    assert_eq!(
+        answer(&h, "/validate", delete("b")).await["allowed"],
+        json!(true)
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn with_a_synced_pod_cache_reviews_of_pods_it_lacks_are_allowed_uncharged() {
+    let mut h = Harness::start().await;
+    let state = h.running.as_ref().map(|r| r.state.clone());
+    let Some(state) = state else {
+        panic!("no server")
+    };
+    // The cache as a watch would fill it: two real pods in shop.
+    state
+        .pods
+        .preload(
+            &[
+                (
+                    "shop",
+                    "web-5d9c7b8f6d-x7k2p",
+                    "9b2d7c1e-3c44-4a51-8d1e-6f0a2b3c4d5e",
+                ),
+                ("shop", "web-5d9c7b8f6d-other", "other-uid"),
+            ],
+            &state.metrics,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    // 20 forged evictions (one a minute is the limit) and 20 forged deletions (one per
+    // 2 s, held up to 3 s) of pods that do not exist, each in its own namespace.
+    for i in 0..20 {
+        let mut eviction: Value =
+            serde_json::from_str(&fixture("pod-eviction")).unwrap_or(Value::Null);
+        eviction["request"]["namespace"] = json!(format!("forged-{i}"));
+        eviction["request"]["uid"] = json!(format!("forged-eviction-{i}"));
+        let got = answer(&h, "/validate", eviction.to_string()).await;
+        assert_eq!(got["allowed"], json!(true), "{got}");
+        let mut delete: Value =
+            serde_json::from_str(&fixture("pod-delete-running")).unwrap_or(Value::Null);
+        delete["request"]["namespace"] = json!(format!("forged-{i}"));
+        delete["request"]["oldObject"]["metadata"]["namespace"] = json!(format!("forged-{i}"));
+        delete["request"]["uid"] = json!(format!("forged-delete-{i}"));
+        let got = answer(&h, "/validate", delete.to_string()).await;
+        assert_eq!(got["allowed"], json!(true), "{got}");
+    }
+    // A deletion naming a real pod with another uid is not the API server's either.
+    let mut stale: Value =
+        serde_json::from_str(&fixture("pod-delete-running")).unwrap_or(Value::Null);
+    stale["request"]["oldObject"]["metadata"]["uid"] = json!("an-older-pod-of-that-name");
+    stale["request"]["uid"] = json!("forged-stale-uid");
+    assert_eq!(
+        answer(&h, "/validate", stale.to_string()).await["allowed"],
+        json!(true)
+    );
+    let unverified =
+        |reason: &str| format!("churn_throttler_unverified_requests_total{{reason=\"{reason}\"}}");
+    assert_eq!(
+        wait_metric(&h, &unverified("no-such-pod"), 40.0).await,
+        40.0
+    );
+    assert_eq!(wait_metric(&h, &unverified("uid-mismatch"), 1.0).await, 1.0);
+    assert_eq!(h.metric("churn_throttler_pod_cache_synced").await, 1.0);
+    // None of them took a slot: the real eviction and deletion are admitted at once
+    // (a charged forgery would have made the eviction a 429 and the deletion a hold).
+    assert_eq!(
+        h.review("/validate", "pod-eviction").await["allowed"],
+        json!(true)
+    );
+    assert_eq!(
+        h.review("/validate", "pod-delete-running").await["allowed"],
+        json!(true)
+    );
+    let decisions = |rule: &str, op: &str, action: &str| {
+        format!(
+            "churn_throttler_decisions_total{{action=\"{action}\",operation=\"{op}\",rule=\"{rule}\"}}"
+        )
+    };
+    assert_eq!(
+        h.metric(&decisions("evictions", "CREATE", "allow")).await,
+        1.0
+    );
+    assert_eq!(
+        h.metric(&decisions("deletes", "DELETE", "allow")).await,
+        1.0
+    );
+    assert_eq!(h.metric(&decisions("deletes", "DELETE", "hold")).await, 0.0);
+    // Real pods are still charged: a second real pod's eviction inside the minute is refused.
+    let mut other: Value = serde_json::from_str(&fixture("pod-eviction")).unwrap_or(Value::Null);
+    other["request"]["name"] = json!("web-5d9c7b8f6d-other");
+    other["request"]["uid"] = json!("a-real-second-eviction");
+    let refused = answer(&h, "/validate", other.to_string()).await;
+    assert_eq!(refused["allowed"], json!(false), "{refused}");
+    assert_eq!(refused["status"]["code"], json!(429));
     h.stop().await;
 }

@@ -6,7 +6,9 @@ use super::classify::{
     GATED_LABEL, GATE_NAME, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,
     PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION,
 };
-use crate::limiter::{Ask, Identity, Limiter, Millis, Outcome, RETRY_ARRIVAL_MARGIN_MS};
+use crate::limiter::{
+    Ask, Identity, Limiter, Millis, Outcome, RefusedWhy, RETRY_ARRIVAL_MARGIN_MS,
+};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
 use crate::releaser::pods::{format_time, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
 use json_patch::{AddOperation, Patch, PatchOperation};
@@ -238,7 +240,13 @@ pub fn decide_churn(
                 | Outcome::Refused { retry_at: slot, .. } => gated(Some(slot.saturating_sub(now))),
             }
         }
-        Action::Hold | Action::RetryAfter => match limiter.acquire(&ask(true), now) {
+        // No reservation further ahead than a client told to come back after
+        // maxRetryAfter keeps; beyond it: Retry-After maxRetryAfter and nothing reserved.
+        Action::Hold | Action::RetryAfter => match limiter.acquire_within(
+            &ask(true),
+            now,
+            (rule.max_retry_after.as_millis() as Millis + RETRY_ARRIVAL_MARGIN_MS).max(hold_within),
+        ) {
             Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
             Outcome::Held { slot } => decided(Verdict::Hold { until: slot }, None),
             Outcome::Reserved { slot } => {
@@ -253,15 +261,27 @@ pub fn decide_churn(
                     Some(throttled_message(rule, churn, wait, Some(seconds))),
                 )
             }
-            Outcome::Refused { retry_at, .. } => {
+            Outcome::Refused { retry_at, why } => {
                 let wait = retry_at.saturating_sub(now).max(1);
                 let seconds = retry_seconds(rule, &churn.identity, wait);
+                let message = if why == RefusedWhy::BeyondReach {
+                    format!(
+                        "churn-throttler: rule {:?} allows {}; every slot up to {}s ahead is taken, so this {} \
+                         is not queued: retry after {seconds}s",
+                        rule.name,
+                        rate(rule),
+                        rule.max_retry_after.as_secs(),
+                        describe(churn),
+                    )
+                } else {
+                    throttled_message(rule, churn, wait, Some(seconds))
+                };
                 decided(
                     Verdict::RetryAfter {
                         seconds,
                         slot: retry_at,
                     },
-                    Some(throttled_message(rule, churn, wait, Some(seconds))),
+                    Some(message),
                 )
             }
         },

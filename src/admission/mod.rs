@@ -14,7 +14,7 @@ pub use decide::{
     decide, mark_admission, plan_partition, Decision, Endpoint, PartitionPlan, Verdict,
     ADMITTED_BY_ANNOTATION,
 };
-pub use respond::respond;
+pub use respond::{respond, review_json};
 
 #[cfg(test)]
 mod tests;

@@ -67,3 +67,27 @@ fn too_many_requests(message: String, retry_after_seconds: u32) -> Status {
         }),
     }
 }
+
+/// The AdmissionReview for a response, in the wire format admission.k8s.io/v1
+/// documents: `patch` is a `[]byte`, i.e. a base64 string in JSON. kube-rs serialises
+/// its `Vec<u8>` as an array of numbers (kube-rs/kube#1781), which kube-apiserver's
+/// decoder happens to accept but which is about four times larger and which other
+/// readers of AdmissionReviews (audit tooling, test harnesses) read wrongly.
+pub fn review_json(response: AdmissionResponse) -> serde_json::Value {
+    use base64::Engine as _;
+    let patch = response
+        .patch
+        .as_deref()
+        .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes));
+    let mut review = match serde_json::to_value(response.into_review()) {
+        Ok(review) => review,
+        // Serialising plain structs of strings, maps and numbers cannot fail; should it
+        // ever, an empty object makes kube-apiserver fail the call by the webhook's
+        // failurePolicy instead of the server panicking.
+        Err(_) => return serde_json::Value::Object(serde_json::Map::new()),
+    };
+    if let (Some(patch), Some(wire)) = (patch, review.pointer_mut("/response/patch")) {
+        *wire = serde_json::Value::String(patch);
+    }
+    review
+}

@@ -693,3 +693,45 @@ fn pods_admitted_at_once_by_a_gate_rule_are_marked_for_seeding() {
         Verdict::Admitted
     );
 }
+
+#[test]
+fn no_slot_is_reserved_beyond_max_retry_after_and_the_answer_says_so() {
+    let policy = policy();
+    let mut limiter = Limiter::new(1_000);
+    // Distinct namespaces, so the per-namespace share never applies. 1 per 10 s with
+    // maxRetryAfter 60 s (the default): slots up to 60.5 s are reserved, later ones not.
+    let mut slots = Vec::new();
+    let mut refused = None;
+    for i in 0..20 {
+        let mut req = fixture("pod-delete-running");
+        req.name = format!("p{i}");
+        req.namespace = Some(format!("ns{i}"));
+        let decision = decide(&req, Endpoint::Validate, &policy, &mut limiter, 0);
+        let message = decision.message.unwrap_or_default();
+        match decision.verdict {
+            Verdict::Admitted => {}
+            Verdict::RetryAfter { seconds, slot } if message.contains("not queued") => {
+                refused = Some((seconds, slot, message));
+                break;
+            }
+            Verdict::RetryAfter { slot, .. } => slots.push(slot),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(slots, [10_500, 20_500, 30_500, 40_500, 50_500, 60_500]);
+    assert_eq!(
+        limiter.reservation_count(),
+        6,
+        "the refusal reserved nothing"
+    );
+    let (seconds, slot, message) = refused.unwrap_or_else(|| panic!("never refused"));
+    assert_eq!(
+        (seconds, slot),
+        (60, 60_500),
+        "told to come back at the reach"
+    );
+    assert!(
+        message.contains("every slot up to 60s ahead is taken"),
+        "{message}"
+    );
+}

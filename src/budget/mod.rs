@@ -124,12 +124,28 @@ pub fn share_at(
 pub struct ShareHistory {
     /// Samples with strictly decreasing divisors and non-decreasing times (a sliding maximum).
     samples: std::collections::VecDeque<(Millis, Share)>,
+    /// A replica count has been pushed since the start.
+    counted: bool,
 }
 
 impl ShareHistory {
     /// Records the share computed at `at` and returns the one in force. Each sample's
     /// time is the last moment its share was computed, so it is held for `hold` after that.
     pub fn push(&mut self, at: Millis, share: Share, hold: Millis) -> Share {
+        // The fallback computed before the first count is a guess made with no information,
+        // not a share other replicas acted on: the warm-up (stricter) covers that time, so
+        // the guess is not held beyond it. Held, it put a third of every limit in force for
+        // as long as the first count took after the start, between the warm-up and the count.
+        if !self.counted && matches!(share, Share::Fallback { .. }) {
+            if let Some(&(began, Share::WarmingUp)) = self.samples.front() {
+                if began.saturating_add(hold) >= at {
+                    return Share::WarmingUp;
+                }
+                // No count during the whole warm-up: the fallback follows it.
+                self.samples.pop_front();
+            }
+        }
+        self.counted |= matches!(share, Share::Counted { .. });
         while self
             .samples
             .back()

@@ -105,6 +105,9 @@ pub enum RefusedWhy {
     NamespaceShare,
     /// The reservation table is full.
     TableFull,
+    /// The earliest slot lies further ahead than a client told to retry can keep
+    /// ([`Limiter::acquire_within`]): nothing is reserved.
+    BeyondReach,
 }
 
 #[derive(Debug, Clone)]
@@ -927,6 +930,61 @@ impl Limiter {
     /// Charges in the bucket's window at `now` (tests and metrics).
     pub fn used(&self, key: &BucketKey, now: Millis) -> u32 {
         self.buckets.get(key).map_or(0, |b| b.in_window(now))
+    }
+}
+
+/// Bounds against floods and clients that go away.
+impl Limiter {
+    /// [`Limiter::acquire`], but no slot is reserved further than `reach` after `now`: such
+    /// an ask is refused with `retry_at` at the reach and leaves nothing behind. So a
+    /// bucket holds at most the reservations that fit in `reach` (its limit times
+    /// `reach / window`, rounded up, plus one window), whatever the number of namespaces.
+    pub fn acquire_within(&mut self, ask: &Ask<'_>, now: Millis, reach: Millis) -> Outcome {
+        match self.acquire(ask, now) {
+            Outcome::Reserved { slot } if slot > now.saturating_add(reach) => {
+                self.cancel_reservation(ask, slot);
+                Outcome::Refused {
+                    retry_at: now.saturating_add(reach),
+                    why: RefusedWhy::BeyondReach,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A request held until `slot` (charged there, nothing left to claim) whose client
+    /// went away: the charge is given back, so the next request can have the slot.
+    pub fn cancel_hold(&mut self, ask: &Ask<'_>, slot: Millis) {
+        let keys = self.bucket_keys(ask);
+        self.uncharge(&keys, slot, ask.cost);
+    }
+
+    /// Removes the ask's reservation at `slot` and gives its charges back.
+    fn cancel_reservation(&mut self, ask: &Ask<'_>, slot: Millis) {
+        let reservation = match ask.identity {
+            Identity::Exact(id) => {
+                let key = (ask.rule.clone(), id.clone());
+                match self.exact.get(&key) {
+                    Some(r) if r.slot == slot => self.exact.remove(&key),
+                    _ => None,
+                }
+            }
+            Identity::Pool(id) => {
+                let key = (ask.rule.clone(), id.clone());
+                let index = self
+                    .pools
+                    .get(&key)
+                    .and_then(|pool| pool.iter().rposition(|r| r.slot == slot));
+                match index {
+                    Some(index) => self.take_reservation(&key, ask.identity, index),
+                    None => None,
+                }
+            }
+        };
+        if let Some(r) = reservation {
+            self.release_share(&r);
+            self.uncharge(&r.buckets, r.slot, r.cost);
+        }
     }
 }
 

@@ -722,3 +722,62 @@ fn a_gap_before_a_reserved_slot_is_used_only_when_both_sides_stay_spaced() {
         6_050
     );
 }
+
+#[test]
+fn no_reservation_beyond_the_reach_and_a_flood_of_namespaces_keeps_a_bucket_bounded() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(20, 10_000, Scope::Global)];
+    let mut limiter = Limiter::new(1_000);
+    let reach = 30_500;
+    let mut refused = 0;
+    for i in 0..50_000 {
+        let id = exact(&format!("pod-{i}"));
+        let namespace = format!("ns-{i}");
+        match limiter.acquire_within(&ask(&rule, &limits, &namespace, &id), 1_000, reach) {
+            Outcome::Reserved { slot } => assert!(slot <= 1_000 + reach, "slot {slot}"),
+            Outcome::Refused { retry_at, why } => {
+                assert_eq!(why, RefusedWhy::BeyondReach);
+                assert_eq!(retry_at, 1_000 + reach);
+                refused += 1;
+            }
+            Outcome::Admitted => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // 20 now and 20 per window up to 30.5 s ahead: 20 admitted, 60 reserved.
+    assert_eq!(limiter.reservation_count(), 60);
+    assert_eq!(refused, 50_000 - 80);
+    // Refusals left nothing behind: the next slot is the same for a newcomer.
+    let id = exact("late");
+    assert_eq!(
+        limiter.acquire_within(&ask(&rule, &limits, "prod", &id), 1_000, 40_500),
+        Outcome::Reserved { slot: 41_000 }
+    );
+}
+
+#[test]
+fn a_cancelled_hold_gives_its_slot_to_the_next_request() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [limit(1, 4_000, Scope::Global)];
+    let mut limiter = Limiter::new(100);
+    let (a, b, c) = (exact("a"), exact("b"), exact("c"));
+    let mut hold = ask(&rule, &limits, "ns", &b);
+    hold.align_beyond = Some(5_000);
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &a), 0),
+        Outcome::Admitted
+    );
+    // b is reserved at 4 s; the server holds it (consume) and its client goes away.
+    assert_eq!(
+        limiter.acquire(&hold, 100),
+        Outcome::Reserved { slot: 4_000 }
+    );
+    limiter.consume(&rule, &b, 4_000);
+    limiter.cancel_hold(&hold, 4_000);
+    assert_eq!(limiter.reservation_count(), 0);
+    assert_eq!(
+        limiter.acquire(&ask(&rule, &limits, "ns", &c), 1_500),
+        Outcome::Reserved { slot: 4_000 },
+        "the next request gets the abandoned slot, not the one a window later"
+    );
+}

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The four kinds of request that DESIGN.md calls churn.
+/// The four kinds of request counted as churn (docs/architecture.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ChurnKind {
     /// pods CREATE

@@ -3,6 +3,8 @@
 
 pub mod admission;
 pub mod certgen;
+pub mod conn;
+pub mod pods;
 pub mod reload;
 pub mod state;
 pub mod tls;
@@ -13,9 +15,6 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use state::AppState;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,87 +80,26 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// Serves the admission router over TLS until `shutdown` turns true, then drains
-/// open connections for at most `drain`.
+/// Serves the admission router over TLS with the default connection limits (see
+/// [`conn::serve`] for the limits `serve` sets from its flags).
 pub async fn serve_tls(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     router: Router,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let (tcp, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = crate::server::stopped(&mut shutdown) => break,
-        };
-        let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(router.clone());
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let tls =
-                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(e)) => {
-                        metrics
-                            .bad_requests
-                            .with_label_values(&["tls-handshake"])
-                            .inc();
-                        tracing::debug!("TLS handshake failed: {e}");
-                        return;
-                    }
-                    Err(_) => {
-                        metrics
-                            .bad_requests
-                            .with_label_values(&["tls-handshake"])
-                            .inc();
-                        return;
-                    }
-                };
-            let connection = builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!("connection ended: {e}");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain took longer than {drain:?}; closing the remaining connections");
-    }
-}
-
-/// Serves metrics and probes until `shutdown` turns true.
-pub async fn serve_plain(
-    listener: TcpListener,
-    router: Router,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
-            crate::server::stopped(&mut shutdown).await;
-        })
-        .await;
-    if let Err(e) = served {
-        tracing::warn!("metrics server ended: {e}");
-    }
+    conn::serve(
+        listener,
+        Some(acceptor),
+        router,
+        metrics,
+        conn::Limits::default(),
+        shutdown,
+        drain,
+    )
+    .await
 }
 
 /// Resolves once the shutdown signal is set (or its sender is gone).

@@ -63,7 +63,10 @@ pub fn reload_policy(
     }
     *last = Some(bytes.clone());
     let text = String::from_utf8_lossy(&bytes);
-    match Policy::from_yaml(&text, &path.display().to_string()) {
+    let checked = Policy::from_yaml(&text, &path.display().to_string())
+        .map_err(|e| e.to_string())
+        .and_then(|policy| state.check_hold_bound(&policy).map(|()| policy));
+    match checked {
         Ok(policy) => {
             state.set_policy(policy);
             state
@@ -79,7 +82,7 @@ pub fn reload_policy(
                 .reloads
                 .with_label_values(&["policy", "error"])
                 .inc();
-            Err(e.to_string())
+            Err(e)
         }
     }
 }
@@ -90,6 +93,7 @@ pub async fn poll(
     cert: Option<(CertFiles, PemPair)>,
     policy: Option<(PathBuf, Vec<u8>)>,
     interval: Duration,
+    reload_now: Arc<tokio::sync::Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (cert_files, mut last_cert) = match cert {
@@ -105,6 +109,8 @@ pub async fn poll(
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
+            // SIGHUP: check both files now rather than at the next tick.
+            _ = reload_now.notified() => {}
             _ = crate::server::stopped(&mut shutdown) => return,
         }
         if let Some(files) = &cert_files {

@@ -5,7 +5,7 @@ use crate::limiter::{Limiter, Millis};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::releaser::lease::Leadership;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +23,13 @@ pub struct AppState {
     /// This process, as the `admitted-by` mark on pods its webhook admitted at once under
     /// a gate rule: its own releaser does not seed them again (its limiter has them).
     pub instance: String,
+    /// Deadline for a request's whole body, in milliseconds (--body-read-timeout).
+    body_read_timeout_ms: AtomicU64,
+    /// The longest hold a policy may ask for (so the drain can answer every held
+    /// request), in milliseconds; `u64::MAX` while unbounded.
+    hold_bound_ms: AtomicU64,
+    /// Which pods exist, for charging only deletions and evictions of real pods.
+    pub pods: super::pods::PodCache,
 }
 
 impl AppState {
@@ -44,9 +51,41 @@ impl AppState {
                     .unwrap_or_else(|| format!("pid-{}", std::process::id())),
                 now_millis()
             ),
+            body_read_timeout_ms: AtomicU64::new(10_000),
+            hold_bound_ms: AtomicU64::new(u64::MAX),
+            pods: super::pods::PodCache::default(),
         });
         state.publish_policy_gauges();
         state
+    }
+
+    pub fn set_body_read_timeout(&self, timeout: Duration) {
+        self.body_read_timeout_ms
+            .store(timeout.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms.load(Ordering::SeqCst))
+    }
+
+    /// Policies whose longest hold exceeds `bound` are refused from now on (reloads).
+    pub fn set_hold_bound(&self, bound: Duration) {
+        self.hold_bound_ms
+            .store(bound.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Why `policy` cannot be put in force: a hold longer than the drain can wait for.
+    pub fn check_hold_bound(&self, policy: &Policy) -> Result<(), String> {
+        let bound = self.hold_bound_ms.load(Ordering::SeqCst);
+        let longest = longest_hold(policy);
+        if longest.as_millis() as u64 > bound {
+            return Err(format!(
+                "the policy can hold a request for {longest:?} but --drain-timeout allows holds of {:?} at most \
+                 (a hold must end inside the drain to be answered on a graceful stop)",
+                Duration::from_millis(bound)
+            ));
+        }
+        Ok(())
     }
 
     pub fn policy(&self) -> Arc<Policy> {
@@ -290,6 +329,21 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         Ok(guard) => guard,
         Err(poisoned) => poisoned.into_inner(),
     }
+}
+
+/// The longest a request can be held under `policy`: a hold or retry-after rule's
+/// maxHold (at least the retry arrival margin, which any of them holds), never past the
+/// server's deadline, which answers every review in time.
+pub fn longest_hold(policy: &Policy) -> Duration {
+    use crate::policy::Action;
+    let margin = Duration::from_millis(crate::limiter::RETRY_ARRIVAL_MARGIN_MS);
+    policy
+        .rules
+        .iter()
+        .filter(|r| matches!(r.action, Action::Hold | Action::RetryAfter))
+        .map(|r| r.max_hold.unwrap_or(Duration::ZERO).max(margin))
+        .max()
+        .map_or(Duration::ZERO, |hold| hold.min(policy.server_deadline()))
 }
 
 /// Wall-clock milliseconds since the Unix epoch: the `now` the pure core receives.

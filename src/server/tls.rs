@@ -2,11 +2,11 @@
 //! TLS 1.2 and 1.3 only; optional verification of the API server's client certificate.
 
 use rustls::crypto::ring::default_provider;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{RootCertStore, ServerConfig};
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -63,28 +63,33 @@ pub fn certified_key(
     key_path: &Path,
     now_unix: i64,
 ) -> Result<Arc<CertifiedKey>, TlsError> {
-    let certs: Vec<CertificateDer<'static>> =
-        rustls_pemfile::certs(&mut BufReader::new(pair.cert.as_slice()))
-            .collect::<Result<_, _>>()
-            .map_err(|e| TlsError::Invalid {
-                path: cert_path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pair.cert)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Invalid {
+            path: cert_path.to_path_buf(),
+            message: e.to_string(),
+        })?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             path: cert_path.to_path_buf(),
         });
     }
     check_validity(&certs[0], cert_path, now_unix)?;
-    let key: PrivateKeyDer<'static> =
-        rustls_pemfile::private_key(&mut BufReader::new(pair.key.as_slice()))
-            .map_err(|e| TlsError::Invalid {
+    // The first PKCS#8, PKCS#1 or SEC1 key in the file, other sections skipped.
+    let key = match PrivateKeyDer::from_pem_slice(&pair.key) {
+        Ok(key) => key,
+        Err(pem::Error::NoItemsFound) => {
+            return Err(TlsError::NoKey {
+                path: key_path.to_path_buf(),
+            })
+        }
+        Err(e) => {
+            return Err(TlsError::Invalid {
                 path: key_path.to_path_buf(),
                 message: e.to_string(),
-            })?
-            .ok_or_else(|| TlsError::NoKey {
-                path: key_path.to_path_buf(),
-            })?;
+            })
+        }
+    };
     let provider = default_provider();
     let signing_key =
         provider
@@ -171,7 +176,7 @@ pub fn server_config(
     let builder = match client_ca {
         Some(pem) => {
             let mut roots = RootCertStore::empty();
-            for cert in rustls_pemfile::certs(&mut BufReader::new(pem)) {
+            for cert in CertificateDer::pem_slice_iter(pem) {
                 let cert = cert.map_err(|e| TlsError::Setup(format!("client CA: {e}")))?;
                 roots
                     .add(cert)

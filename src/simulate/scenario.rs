@@ -248,7 +248,7 @@ impl ScenarioFile {
     pub fn preset(name: &str) -> Result<ScenarioFile, String> {
         let base = ScenarioFile::default();
         match name {
-            // DESIGN.md "What each action costs": an operator upgrade re-creates 300 MySQL
+            // The case the project exists for: an operator upgrade re-creates 300 MySQL
             // StatefulSets × 3 at once; pods terminate in 10 s and are Ready in about 20 s.
             "mysql-300" => Ok(base),
             "huge-10k" => Ok(ScenarioFile {

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # cargo deny: licences, sources and bans (duplicates) of the dependency graph, against
-# deny.toml; then the RustSec advisory check, which needs the advisory database from
-# GitHub: when it cannot be fetched, that check is skipped with the reason, and the rest
-# still runs for real. Installs cargo-deny (pinned) into ~/.cache/churn-throttler-tools.
+# deny.toml; then the RustSec advisory check against the advisory database from GitHub,
+# or, when it cannot be fetched, offline against a local snapshot (see below). Installs cargo-deny (pinned) into ~/.cache/churn-throttler-tools.
 # Last line: `deny: N passed, M failed` (exit 1 when M > 0).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
@@ -37,17 +36,40 @@ for check in licenses sources bans; do
   fi
 done
 
-# The advisory database is a git clone of github.com/RustSec/advisory-db.
-if "$DENY" fetch db >"${TMPDIR:-/tmp}/deny-fetch.log" 2>&1; then
-  if "$DENY" --locked check --hide-inclusion-graph advisories 2>"${TMPDIR:-/tmp}/deny-advisories.log"; then
-    ok "advisories"
+# The advisory database is a git clone of github.com/RustSec/advisory-db. Where it
+# cannot be fetched, a snapshot (a git bundle, $ADVISORY_DB_BUNDLE, by default
+# ../shared/rustsec-advisory-db.bundle next to the clone) is cloned into cargo-deny's
+# database directory and the check runs offline against it; its date is printed, since
+# advisories newer than the snapshot are not seen.
+advisories() {
+  if "$DENY" "$@" --locked check --hide-inclusion-graph advisories 2>"${TMPDIR:-/tmp}/deny-advisories.log"; then
+    ok "advisories$SNAPSHOT"
   else
     cat "${TMPDIR:-/tmp}/deny-advisories.log" >&2
-    bad "advisories"
+    bad "advisories$SNAPSHOT"
   fi
+}
+SNAPSHOT=""
+if "$DENY" fetch db >"${TMPDIR:-/tmp}/deny-fetch.log" 2>&1; then
+  advisories
 else
   why="$(grep -m1 'ERROR' "${TMPDIR:-/tmp}/deny-fetch.log" | sed 's/^.*\] //; s/ with cli:.*//')"
   why="$why ($(grep -m1 'fatal:' "${TMPDIR:-/tmp}/deny-fetch.log" || echo 'no git error line'))"
-  say "SKIPPED advisories: the RustSec advisory database cannot be fetched here: ${why:-see ${TMPDIR:-/tmp}/deny-fetch.log}"
+  say "the RustSec advisory database cannot be fetched here: ${why:-see ${TMPDIR:-/tmp}/deny-fetch.log}"
+  # cargo-deny 0.20 names the default database's directory after its URL.
+  db="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs/advisory-db-3157b0e258782691"
+  bundle="${ADVISORY_DB_BUNDLE:-../shared/rustsec-advisory-db.bundle}"
+  if [[ ! -d "$db/.git" && -f "$bundle" ]]; then
+    mkdir -p "$(dirname "$db")"
+    git clone --quiet --branch main "$bundle" "$db" || rm -rf "$db"
+  fi
+  if [[ -d "$db/.git" ]]; then
+    date="$(git -C "$db" log -1 --format=%cs 2>/dev/null || echo 'unknown date')"
+    SNAPSHOT=" (offline, against the local advisory database of $date)"
+    say "running the advisory check offline against the local database of $date"
+    advisories --offline
+  else
+    bad "advisories: no database to check against (no fetch, no local copy, no bundle at $bundle)"
+  fi
 fi
 finish

@@ -160,8 +160,16 @@ else
   bad "ldd lists shared libraries: $lddout"
 fi
 # No interpreter (PT_INTERP): the binary runs on distroless/static or scratch.
-if command -v readelf >/dev/null; then
-  readelf -l "$bin" | grep -q 'Requesting program interpreter' && bad "binary requests a program interpreter" || ok "no program interpreter (readelf -l)"
+command -v readelf >/dev/null || "${sudo_[@]}" apt-get install -y -qq --no-install-recommends binutils >&2 \
+  || { "${sudo_[@]}" apt-get update -qq >&2 && "${sudo_[@]}" apt-get install -y -qq --no-install-recommends binutils >&2; } || true
+if ! command -v readelf >/dev/null; then
+  bad "readelf not on PATH and binutils could not be installed: the program-interpreter check cannot run"
+elif ! phdrs="$(readelf -lW "$bin" 2>&1)" || ! grep -q 'Program Headers' <<<"$phdrs"; then
+  bad "readelf -l failed on $bin: $(head -n 3 <<<"$phdrs")"
+elif grep -q 'Requesting program interpreter' <<<"$phdrs"; then
+  bad "binary requests a program interpreter"
+else
+  ok "no program interpreter (readelf -l)"
 fi
 ver="$("$bin" --version 2>&1)"
 pkgver="$(sed -n 's/^version *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)"

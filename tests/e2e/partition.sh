@@ -404,15 +404,14 @@ say "Events on StatefulSets: $events_json"
   && ok "audit log: $(get creates) pod creations by the StatefulSet controller, at most $LIMIT in any ${WINDOW_S} s window (worst $(get worst_creates))" \
   || bad "audit log: $(get creates) creations, worst window $(get worst_creates) at $(get worst_creates_at_s) s"
 say "pod watch: its delay behind the API server's audit times: $(get watch_lag_ms) ms (spread $(get watch_jitter_ms) ms)"
-if (( $(get worst_watch_deletes) <= LIMIT && $(get worst_watch_creates) <= LIMIT )); then
-  ok "pod watch: $(get watch_deletes) deletions and $(get watch_creates) creations seen, at most $LIMIT of each in any ${WINDOW_S} s window (worst $(get worst_watch_deletes) and $(get worst_watch_creates))"
-elif (( $(get worst_watch_deletes_within_jitter) <= LIMIT && $(get worst_watch_creates_within_jitter) <= LIMIT )); then
-  # Events a window apart at the API server can arrive closer together by the watch's
-  # own delivery jitter; the audit log above has the API server's times.
-  ok "pod watch: at most $LIMIT deletions and creations in any window of ${WINDOW_S} s less the watch's own delivery spread ($(get watch_jitter_ms) ms); $(get worst_watch_deletes) and $(get worst_watch_creates) in a full ${WINDOW_S} s window of arrival times"
-else
-  bad "pod watch: worst windows $(get worst_watch_deletes) deletions at $(get worst_watch_deletes_at_s) s, $(get worst_watch_creates) creations at $(get worst_watch_creates_at_s) s (delivery spread $(get watch_jitter_ms) ms)"
-fi
+# The window bound is the audit log's (the API server's own times, above). The watch
+# adds its delivery jitter to every time, so its windows are printed for the record and
+# not judged (a window shortened by the jitter measured here would excuse any excess the
+# jitter happened to be as large as); what it must show is every pod replaced, once.
+say "pod watch: at most $(get worst_watch_deletes) deletions and $(get worst_watch_creates) creations in a ${WINDOW_S} s window of arrival times (delivery spread $(get watch_jitter_ms) ms; not a check)"
+(( $(get watch_deletes) == STEPS && $(get watch_creates) == STEPS )) \
+  && ok "pod watch: every pod deleted and re-created, $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods" \
+  || bad "pod watch: $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods"
 [[ "$(get refused)" == "[]" ]] && ok "no request of the StatefulSet controller refused (audit log)" || bad "refused: $(get refused)"
 (( $(decisions deny) == 0 && $(decisions retry-after) == 0 )) \
   && ok "no deny or retry-after decision (metrics of every replica); partition decisions: $(decisions partition)" \

@@ -366,6 +366,31 @@ res["events_by_ns"] = {}
 for e in evs:
     res["events_by_ns"][e["metadata"]["namespace"]] = res["events_by_ns"].get(e["metadata"]["namespace"], 0) + 1
 res["event_example"] = evs[0]["note"] if evs else None
+# The restarted leader's seeding: its start-up line says how many releases it charged
+# into its windows (`seeded`); the pods' released-at stamps (of releases by the other
+# processes) say how many there were in the window before that moment. The releaser takes
+# `now` just before it logs (its first releases carry the line's own millisecond), so at
+# most SLACK_MS before the line: the count lies between the releases in the window ending
+# at the line and those in the window ending SLACK_MS earlier.
+SLACK_MS = 200
+lead = None
+for line in open(f"{w}/releaser-b2.log"):
+    try: e = json.loads(line)
+    except ValueError: continue
+    if e.get("fields", {}).get("message", "").startswith("releaser: leading; queue rebuilt"):
+        lead = e; break
+if lead is None:
+    res["seeded"] = None; res["seed_expected"] = None
+else:
+    t_lead = ms(lead["timestamp"])
+    # Not its own: the first round's releases are stamped with the round's time, before
+    # the line is written.
+    stamps = [r[0] for r in rows if r[3] != "b2"]
+    res["seeded"] = lead["fields"].get("seeded")
+    res["seed_gated"] = lead["fields"].get("gated")
+    res["seed_expected"] = [sum(1 for x in stamps if t_lead - window < x <= t_lead),
+                            sum(1 for x in stamps if t_lead - SLACK_MS - window < x <= t_lead)]
+    res["seed_after_restart_ms"] = t_lead - t_restart
 print("RESULT " + json.dumps(res))
 PY
 sed '/^RESULT /d' "$W/checks.out"
@@ -395,8 +420,12 @@ say "Events written: $(get events) $(get events_by_ns); e.g.: $(get event_exampl
 ev=$(get events)
 (( ev >= 1 && ev <= 3 * ${#NAMESPACES[@]} * ( (t_done - t_created) / 30000 + 2 ) )) \
   && ok "Events on waiting pods, aggregated per namespace and rule ($ev for $TOTAL pods)" || bad "$ev Events"
-grep -q 'seeded' "$W/releaser-b2.log" && ok "the restarted leader rebuilt its queue and seeded its windows" \
-  || bad "no seeding line in the restarted leader's log"
+# The count, not the word: `seeded` in the restarted leader's start-up line against the
+# released-at stamps in the window before it (at least one: it restarted mid-queue).
+python3 -c 'import json,sys; r=json.loads(sys.argv[1]); s, e = r["seeded"], r["seed_expected"]
+sys.exit(0 if isinstance(s, int) and e and 1 <= e[0] and e[0] <= s <= e[1] and (r.get("seed_gated") or 0) >= 1 else 1)' "$result" \
+  && ok "the restarted leader rebuilt its queue ($(get seed_gated) gated) and seeded its windows with $(get seeded) releases, as many as the released-at stamps in the window before it ($(get seed_expected), logged $(get seed_after_restart_ms) ms after the restart)" \
+  || bad "the restarted leader seeded $(get seeded) releases; the released-at stamps in the window before its start-up line: $(get seed_expected) (gated: $(get seed_gated))"
 say "logs: $W/releaser-*.log, samples: $W/monitor.log"
 echo "releaser-e2e: $passed passed, $failed failed"
 (( failed == 0 ))

@@ -44,8 +44,6 @@
 #                                default, 2); E2E_BURST=$E2E_LIMIT_EVENTS is the plain window
 #                                (a window's worth at once), which the effect checks catch
 #   E2E_ACTIONS="gate retry-after hold deny partition"
-#   E2E_PARTITION=auto           auto: the partition row becomes a TODO (not a failure)
-#                                when the releaser does not step partitions; 1: required
 #   E2E_STEP_STS=50 E2E_STEP_EVENTS=30   scenario 4: StatefulSets, steps per window
 #   E2E_SCENARIOS="optin mass steps faults deploy"   which to run (setup and 6 always)
 #   E2E_NODES=10                 kwok nodes
@@ -93,7 +91,6 @@ WINDOW_MS=$((WINDOW * 1000))
 JITTER_MS=${E2E_JITTER_MS:-1000}
 BURST=${E2E_BURST:-}
 ACTIONS=${E2E_ACTIONS:-gate retry-after hold deny partition}
-PARTITION_MODE=${E2E_PARTITION:-auto}
 STEP_STS=${E2E_STEP_STS:-50}
 STEP_EVENTS=${E2E_STEP_EVENTS:-30}
 SCENARIOS=${E2E_SCENARIOS:-optin mass steps faults deploy}
@@ -108,7 +105,6 @@ STS_CONTROLLER=system:serviceaccount:kube-system:statefulset-controller
 
 passed=0
 failed=0
-todo=()
 rows=()
 t_script=$(date +%s)
 
@@ -256,8 +252,22 @@ EOF
 k create namespace e2e-kwok-check >/dev/null
 wait_for "ServiceAccount e2e-kwok-check/default" "$timeout" k -n e2e-kwok-check get serviceaccount default
 k -n e2e-kwok-check run probe --image=e2e.invalid/app:1 >/dev/null
-kwok_refused() { ! k -n e2e-kwok-check delete pod probe --as=kwok-controller --as-group=system:masters --wait=false 2>&1 | grep -q 'deleted'; }
-wait_for "kwok's DELETE of a running pod refused" 30 kwok_refused
+# Refused by this policy, by its message, with the pod still there: any other kubectl
+# error (no such pod, unreachable server, impersonation refused) proves nothing. Until the
+# API server has loaded the policy, the DELETE goes through: the probe is then created
+# again for the next try (a guard that took "not found" for a refusal passed exactly so).
+kwok_refused() {
+  if ! k -n e2e-kwok-check get pod probe -o jsonpath='{.metadata.deletionTimestamp}' >"$W/kwok-probe.out" 2>&1; then
+    k -n e2e-kwok-check run probe --image=e2e.invalid/app:1 >/dev/null 2>&1
+    return 1
+  fi
+  [[ -s "$W/kwok-probe.out" ]] && return 1 # still terminating from an earlier try
+  k -n e2e-kwok-check delete pod probe --as=kwok-controller --as-group=system:masters --wait=false \
+    >"$W/kwok-check.out" 2>&1 && return 1
+  grep -q 'e2e: kwok may only complete the deletion of a terminating pod' "$W/kwok-check.out" \
+    && k -n e2e-kwok-check get pod probe >/dev/null
+}
+wait_for "kwok's DELETE of a running pod refused by e2e-kwok-deletes-only-terminating" 60 kwok_refused
 k delete namespace e2e-kwok-check --wait=false >/dev/null
 ok "kwok may only delete terminating pods (ValidatingAdmissionPolicy; works around kwok deleting StatefulSet successors by name)"
 
@@ -389,7 +399,7 @@ start_webhook() { # start_webhook NAME POLICY: serve with the releaser, as the S
       --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
       --listen "127.0.0.1:$WH_PORT" --metrics-listen "127.0.0.1:$MET_PORT" \
       --releaser=true --lease-namespace churn-throttler --identity e2e-webhook \
-      --shutdown-delay 0s --drain-timeout 5s --log-format json >>"$W/webhook-$name.log" 2>&1 &
+      --shutdown-delay 0s --drain-timeout 7s --log-format json >>"$W/webhook-$name.log" 2>&1 &
   PROC[webhook]=$!
   disown "${PROC[webhook]}"
   wait_for "churn-throttler ($name) ready" "$timeout" curl -fsS --max-time 1 "http://127.0.0.1:$MET_PORT/readyz"
@@ -428,8 +438,16 @@ PROC[prometheus]=$!
 wait_for "prometheus ready on 127.0.0.1:$PROM_PORT" "$timeout" curl -fsS --max-time 1 "http://127.0.0.1:$PROM_PORT/-/ready"
 say "prometheus $(prometheus --version 2>&1 | head -n1 | awk '{print $3}') on 127.0.0.1:$PROM_PORT scrapes 127.0.0.1:$MET_PORT every 1 s"
 prom_decisions() { # prom_decisions TIME_MS: {"rule operation action": value} as Prometheus has it
-  py prom --addr "127.0.0.1:$PROM_PORT" --time "$1" --keys rule,operation,action \
-    'sum by (rule, operation, action) (churn_throttler_decisions_total)' | sed -n 's/^RESULT //p'
+  local out
+  out=$(py prom --addr "127.0.0.1:$PROM_PORT" --time "$1" --keys rule,operation,action \
+    'sum by (rule, operation, action) (churn_throttler_decisions_total)') || return 1
+  sed -n 's/^RESULT //p' <<<"$out"
+}
+prom_value() { # prom_value TIME_MS QUERY: the single value of QUERY as Prometheus has it (fails without one)
+  local out
+  out=$(py prom --addr "127.0.0.1:$PROM_PORT" --time "$1" "$2") || return 1
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert len(d) == 1, d; print(next(iter(d.values())))' \
+    "$(sed -n 's/^RESULT //p' <<<"$out")"
 }
 jget() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]); [v:=v[k] if isinstance(v,dict) else v[int(k)] for k in sys.argv[2:]]; print(json.dumps(v) if isinstance(v,(dict,list)) else v)' "$@"; }
 jsum() { # jsum JSON REGEX: sum of the values whose key matches REGEX
@@ -695,9 +713,9 @@ for line in sys.stdin:
     say "[$tag] restarted: serving again $(secs $((t_back - t_kill))) s after the kill, ready and leading after $(secs $(( $(now_ms) - t_kill ))) s"
   fi
   local limit_s=$ROLLOUT_TIMEOUT
-  if [[ "$action" == partition && "$PARTITION_MODE" == auto ]] \
-     && ! poll_for "a first partition step" $((2 * WINDOW + 30)) 2 any_pod_updated; then
-    # Held at replicas, never stepped: the releaser has no partition stepping (yet).
+  if [[ "$action" == partition ]] && ! poll_for "a first partition step" $((2 * WINDOW + 30)) 2 any_pod_updated; then
+    # Held at replicas and never stepped: a failure, found in minutes, not after the
+    # rollout's timeout. The caller un-holds the StatefulSets so later actions can run.
     stop_recorder "pods-$tag"; stop_recorder "sts-$tag"; stop_webhook
     return 3
   fi
@@ -724,16 +742,25 @@ for line in sys.stdin:
     --audit "$W/logs/audit.log" --t-end "$t_end"
     --collateral-ns "$COLLATERAL_NS" --collateral-t "$tc")
   [[ -n "$t_kill" ]] && args+=(--exclude-from "$t_kill" --exclude-to "$t_back")
-  local out; out=$(py rollout "${args[@]}")
+  # The caller runs this function on the left of `||`, where `set -e` is off: every step
+  # that the checks depend on is checked here, and an empty result is a failure there.
+  local out
+  if ! out=$(py rollout "${args[@]}"); then
+    bad "[$tag] the analysis (e2e.py rollout) failed: $(tail -n 3 <<<"$out")"
+  fi
   sed '/^RESULT /d; s/^/e2e: /' <<<"$out"
   R=$(sed -n 's/^RESULT //p' <<<"$out")
   # Observed by the API server: every pod create/delete by the StatefulSet controller, by code.
-  local au; au=$(py audit "$W/logs/audit.log" --since "$t0" --until "$t_end" --ns-prefix mass-)
+  local au
+  au=$(py audit "$W/logs/audit.log" --since "$t0" --until "$t_end" --ns-prefix mass-) \
+    || bad "[$tag] the audit log analysis (e2e.py audit) failed"
   AUDIT=$(sed -n 's/^RESULT //p' <<<"$au")
+  [[ -n "$AUDIT" ]] || bad "[$tag] no result from the audit log analysis"
   sed '/^RESULT /d; s/^/e2e:   audit /' <<<"$au" | grep -E 'statefulset-controller|churn-throttler|e2e-admin' | head -n 20
   # Prometheus' view of the decision counters at the end of the rollout.
   sleep 1.5 # Prometheus scrapes every second
-  PROM=$(prom_decisions "$((t_m1 + 1200))")
+  PROM_T=$((t_m1 + 1200))
+  PROM=$(prom_decisions "$PROM_T") || bad "[$tag] Prometheus' HTTP API did not answer the decisions query"
   say "[$tag] prometheus at the end: $PROM"
   if printf '%s\n' "$m1" | promtool check metrics >"$W/promtool-$tag.out" 2>&1; then
     ok "[$tag] promtool check metrics passes on the exposition ($(grep -c '^# TYPE' <<<"$m1") metric families)"
@@ -756,7 +783,11 @@ check_counters() { # check_counters ACTION TAG
 nz=lambda d: {k: v for k, v in d.items() if v and not k.startswith("none ")}
 print("yes" if nz(a) == nz(b) else "no: /metrics %s, prometheus %s" % (nz(a), nz(b)))' "$p_direct" "$PROM")
   say "[$tag] decisions (rule operation action: count): $p_direct"
-  check "[$tag] Prometheus' decision counters of the paced rules equal the webhook's /metrics at the end ($same)" test "$same" == yes
+  # Scrape wiring only: Prometheus holds every decision series of the webhook's /metrics,
+  # read directly 1.2 s before the query. The counts themselves are checked below against
+  # what the API server's audit log and the watch saw, which do not come from /metrics.
+  check "[$tag] Prometheus' decision counters of the paced rules equal the webhook's /metrics read directly at the end ($same)" \
+    test "$same" == yes -a -n "$PROM"
   local p429; p429=$(jsum "$AUDIT" "^pods (create|delete) sa:kube-system:statefulset-controller 429$")
   local a_create a_delete
   a_create=$(jsum "$AUDIT" "^pods create sa:kube-system:statefulset-controller 201$")
@@ -766,8 +797,8 @@ print("yes" if nz(a) == nz(b) else "no: /metrics %s, prometheus %s" % (nz(a), nz
       local pg pa
       pg=$(jsum "$PROM" "^sts-creates CREATE gate$")
       pa=$(jsum "$PROM" "^sts-creates CREATE allow$")
-      check "[$tag] counters match: gate $pg = $gated pods the watch saw gated at creation; allow $pa = $((creates - gated)) created ungated" \
-        test "$pg" -eq "$gated" -a "$pa" -eq $((creates - gated))
+      check "[$tag] counters match: gate $pg = $gated pods the watch saw gated at creation; allow $pa = $((creates - gated)) created ungated; gate + allow = $a_create creations in the audit log" \
+        test "$pg" -eq "$gated" -a "$pa" -eq $((creates - gated)) -a $((pg + pa)) -eq "$a_create" -a "$a_create" -gt 0
       ;;
     retry-after|hold|deny)
       local dc dd dr
@@ -782,9 +813,10 @@ print("yes" if nz(a) == nz(b) else "no: /metrics %s, prometheus %s" % (nz(a), nz
       ph=$(jsum "$PROM" "^sts-rollouts UPDATE partition$")
       steps_seen=$(py steps --events "$W/sts-$tag.jsonl" --t0 "$LAST_T0" --ns-prefix mass- --window-ms "$WINDOW_MS" | sed -n 's/^RESULT //p')
       steps_seen=$(jget "$steps_seen" steps)
-      steps_m=$(py metric-sum churn_throttler_partition_steps_total rule=sts-rollouts reason=rate <"$W/metrics-$tag.txt")
-      done_m=$(py metric-sum churn_throttler_partition_rollouts_total rule=sts-rollouts outcome=done <"$W/metrics-$tag.txt")
-      check "[$tag] counters match: $ph rollouts held (one per StatefulSet: $STS); $steps_m partition steps counted = $steps_seen seen by the watch; $done_m rollouts done; no pod request refused ($p429 429s)" \
+      # From Prometheus (not the /metrics snapshot), against the watch and the StatefulSet count.
+      steps_m=$(prom_value "$PROM_T" 'sum(churn_throttler_partition_steps_total{rule="sts-rollouts",reason="rate"})') || steps_m=-1
+      done_m=$(prom_value "$PROM_T" 'sum(churn_throttler_partition_rollouts_total{rule="sts-rollouts",outcome="done"})') || done_m=-1
+      check "[$tag] counters match (Prometheus): $ph rollouts held (one per StatefulSet: $STS); $steps_m partition steps counted = $steps_seen seen by the watch; $done_m rollouts done; no pod request refused ($p429 429s)" \
         test "$ph" -eq "$STS" -a "$steps_m" -eq "$steps_seen" -a "$steps_seen" -eq $((STS * REPLICAS)) -a "$done_m" -eq "$STS" -a "$p429" -eq 0
       ;;
   esac
@@ -796,13 +828,12 @@ if in_list mass "$SCENARIOS"; then
 ideal_s=$(( STS * REPLICAS * WINDOW / LIMIT ))
 for action in $ACTIONS; do
   section "2/3/6. mass rollout, action $action ($STS x $REPLICAS pods, $LIMIT per ${WINDOW}s, ideal ${ideal_s}s)"
+  R=""
   rc=0; mass_rollout "$action" "$action" || rc=$?
   if [[ $rc == 3 ]]; then
-    # The partition row needs the releaser to step partitions (issue 7); auto mode only.
     held=$(mass_sts_json | python3 -c 'import json,sys; print(sum(1 for s in json.load(sys.stdin)["items"] if (s["metadata"].get("annotations") or {}).get("churn-throttler.io/partition-target") is not None))')
-    msg="TODO: partition row not run: no partition step within $((2 * WINDOW + 30)) s of the template change; $held StatefulSets were held at partition=replicas (churn-throttler.io/partition-target) and never stepped: the releaser does not step partitions yet (issue 7). E2E_PARTITION=1 makes this a failure."
-    say "$msg"; todo+=("$msg")
-    rows+=("mass|$action|TODO: the releaser does not step partitions yet (issue 7)|||||||||")
+    bad "[$action] no partition step within $((2 * WINDOW + 30)) s of the template change: $held StatefulSets held at partition=replicas (churn-throttler.io/partition-target), never stepped"
+    rows+=("mass|$action|FAILED: the releaser never stepped a partition|||||||||")
     # Un-hold by hand (webhook stopped): partition 0, churn-throttler's annotations dropped.
     py patch-many --server "$APISERVER_URL" --ca "$CLUSTER_CA_FILE" --token-file "$W/admin.token" \
       --targets "$W/mass.targets" --parallel 20 \
@@ -811,7 +842,11 @@ for action in $ACTIONS; do
     poll_for "StatefulSets rolled out after the emergency un-hold" 600 3 mass_converged || die "the StatefulSets did not recover from the partition hold"
     continue
   fi
-  [[ -n "$R" ]] || continue
+  if [[ $rc != 0 || -z "$R" ]]; then
+    bad "[$action] the mass rollout ended with status $rc and $( [[ -n "$R" ]] && echo a || echo no ) result: its window, convergence and counter checks cannot run"
+    rows+=("mass|$action|FAILED: no analysis result|||||||||")
+    continue
+  fi
   # At the effect (what the CNI sees), from the audit log: a start at the scheduler's
   # pods/binding answer, a deletion or a creation at its answer; exact windows of the
   # policy's length and of 1 s, no allowance for lag. Every event must be found.
@@ -956,8 +991,11 @@ k create namespace "$FAILOPEN_NS" >/dev/null
 k label namespace "$FAILOPEN_NS" churn-throttler.io/enabled=true >/dev/null
 wait_for "ServiceAccount $FAILOPEN_NS/default" "$timeout" k -n "$FAILOPEN_NS" get serviceaccount default
 R=""
-mass_rollout gate faults fault || true
-if [[ -n "$R" ]]; then
+rc=0; mass_rollout gate faults fault || rc=$?
+if [[ $rc != 0 || -z "$R" ]]; then
+  bad "faults: the rollout ended with status $rc and $( [[ -n "$R" ]] && echo a || echo no ) analysis result: its checks cannot run"
+  rows+=("faults|FAILED: no analysis result")
+else
   out_c=$(jget "$R" outage_creates); out_d=$(jget "$R" outage_deletes); out_g=$(jget "$R" outage_gated)
   say "while no churn-throttler answered ($(secs $((LAST_TBACK - LAST_TKILL))) s): the mass rollout created $out_c pods ($out_g gated) and deleted $out_d (its StatefulSets wait for gated pods, which only a releaser lifts)"
   marks=$(python3 -c '
@@ -979,6 +1017,8 @@ print(",".join(marks) if p else "no pod")' "$FAILOPEN_POD")
     test "$gq" -ge 1 -a "$seeded" -ge 1
   check "no burst: no ${WINDOW} s window holds more than $LIMIT pod starts, by their requests in the audit log ($(jget "$R" proven_starts); watch: $(jget "$R" max_starts_exact), $(jget "$R" starts_across_restart) in the fullest $((WINDOW_MS - JITTER_MS)) ms window across the restart; the $out_c unpaced creations of the outage left out)" \
     test "$(jget "$R" proven_starts)" -le "$LIMIT"
+  check "[faults] every watched event outside the outage has its request in the audit log ($(jget "$R" proven_unmatched) without)" \
+    test "$(jget "$R" proven_unmatched)" -eq 0
   check "nothing stuck: $FAULT_GATED_AT_KILL pods gated at the kill; all $((STS * REPLICAS)) re-created and Ready" \
     test "$(jget "$R" new_ready)" -eq $((STS * REPLICAS))
   rows+=("faults|webhook killed $(secs $((LAST_TKILL - LAST_T0))) s into a gate rollout ($LIMIT per ${WINDOW}s), serving again $(secs $((LAST_TBACK - LAST_TKILL))) s later: $out_c created and $out_d deleted unpaced meanwhile; $FAULT_GATED_AT_KILL gated pods released by the restarted releaser (seeded with $seeded releases); makespan $(jget "$R" makespan_s) s (ideal $(jget "$R" ideal_s) s); most starts in a window $(jget "$R" proven_starts) (audit)")
@@ -1098,7 +1138,6 @@ for r in "${rows[@]}"; do
   [[ "$r" == mass\|* ]] || echo "- ${r%%|*}: ${r#*|}"
 done
 echo
-for msg in "${todo[@]}"; do say "$msg"; done
 echo "[1] at the effect: at the API server's answer of the request that makes it happen (a start: the scheduler's pods/binding), exact windows; inside/overlapping: the most requests lying inside / merely overlapping one window (lower / upper bound); watch: the time the watch delivered it (see the header of tests/e2e/run.sh)"
 say "parameters: E2E_STS=$STS E2E_NAMESPACES=$NAMESPACES E2E_LIMIT_EVENTS=$LIMIT E2E_LIMIT_WINDOW=$WINDOW E2E_JITTER_MS=$JITTER_MS E2E_STEP_STS=$STEP_STS E2E_STEP_EVENTS=$STEP_EVENTS E2E_NODES=$NODES"
 say "run time: $(( $(date +%s) - t_script )) s"

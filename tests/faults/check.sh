@@ -32,7 +32,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$CHURN_THROTTLER_BIN" default-policy >"$W/policy.yaml"
-"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/dev" --config "$W/policy.yaml" \
+"$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/dev" --config "$W/policy.yaml" \
   --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --reload-interval 200ms \
   --max-body-bytes 1048576 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
 SERVER=$!
@@ -70,6 +70,67 @@ case_() {
   if [[ "$status" == "$want" ]]; then ok; else bad "$name: HTTP $status, expected $want"; fi
 }
 j=(-H 'Content-Type: application/json')
+metric() { curl -s "http://127.0.0.1:$mport/metrics" | awk -v s="$1" '$1==s {print $2}'; }
+# metric_sum NAME [LABEL="VALUE"]: the sum over the series of NAME (with that label).
+metric_sum() {
+  curl -s "http://127.0.0.1:$mport/metrics" \
+    | awk -v n="$1" -v l="${2:-}" '($1 == n || index($1, n "{") == 1) && index($1, l) > 0 {s += $2} END {print s + 0}'
+}
+# answer_is NAME REVIEW APIVERSION ALLOWED: the last answer ($W/body) is an AdmissionReview
+# of that version, for that review's uid, allowed or not.
+answer_is() {
+  local why
+  if why="$(python3 -c 'import json,sys
+a, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+got = (a.get("apiVersion"), a.get("kind"), a.get("response", {}).get("uid"), a.get("response", {}).get("allowed"))
+want = (sys.argv[3], "AdmissionReview", r["request"]["uid"], sys.argv[4] == "true")
+sys.exit(0 if got == want else "answer %s, expected %s" % (got, want))' "$W/body" "$2" "$3" "$4" 2>&1)"; then ok; else bad "$1: $why"; fi
+}
+# paced_case NAME RULE REVIEW PATH [COST]: answered 200 and allowed, decided by RULE (its
+# decisions counter grows by one, the unhandled counter does not), and charged: paced, not
+# waved through. COST: events per request (a partition lowered by 2 releases 2 pods).
+paced_case() {
+  local name="$1" rule="$2" review="$3" path="$4" d0 u0 d1 u1
+  d0=$(metric_sum churn_throttler_decisions_total "rule=\"$rule\"") u0=$(metric_sum churn_throttler_unhandled_requests_total)
+  case_ "$name" 200 "${j[@]}" --data-binary @"$review" "$url/$path"
+  answer_is "$name" "$review" admission.k8s.io/v1 true
+  d1=$(metric_sum churn_throttler_decisions_total "rule=\"$rule\"") u1=$(metric_sum churn_throttler_unhandled_requests_total)
+  if (( d1 == d0 + 1 && u1 == u0 )); then ok; else bad "$name: decisions of rule $rule $d0 -> $d1, unhandled $u0 -> $u1 (expected +1, +0)"; fi
+  # Charged like v1: distinct copies (own uid, name and object uid), sent back to back by
+  # one process (well inside the 10 s window: slower, the window would slide or the
+  # 2 s maxHold would hold them) are allowed until the rule's window holds the default
+  # policy's limit of 20 events, then refused with 429 (retry-after).
+  local copies
+  copies="$(python3 - "$review" "$url/$path" "$ca" "$(metric_sum churn_throttler_decisions_total "rule=\"$rule\"")" <<'PY'
+import json, ssl, sys, urllib.request
+review, url, ca, before = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ctx = ssl.create_default_context(cafile=ca)
+base = json.load(open(review))
+answers = []
+for n in range(1, 31):
+    r = json.loads(json.dumps(base))
+    q = r["request"]
+    q["uid"] = "00000000-0000-4000-9000-%012d" % n
+    q["name"] = "copy-%d" % n
+    for o in (q.get("object"), q.get("oldObject")):
+        if isinstance(o, dict):
+            o.setdefault("metadata", {}).update(name=q["name"], uid="00000000-0000-4000-8000-%012d" % n)
+    req = urllib.request.Request(url, data=json.dumps(r).encode(), headers={"Content-Type": "application/json"})
+    a = json.load(urllib.request.urlopen(req, context=ctx, timeout=10))["response"]
+    answers.append("A" if a["allowed"] else str(a.get("status", {}).get("code")))
+    if not a["allowed"]:
+        break
+print(before, "".join(x if x == "A" else "R" for x in answers), answers[-1])
+PY
+)" || copies="error"
+  local before pattern last
+  read -r before pattern last <<<"$copies"
+  printf '%-44s %-6s %-8s %s\n' "  ...then distinct copies" "-" "-" "${pattern:-$copies} (A allowed, R refused) after $before decided: last answer $last"
+  # The case's own request is charged: 1 + the allowed copies, times the cost, is the limit.
+  local allowed_copies="${pattern//R/}"
+  if [[ "$last" == 429 ]] && (( (1 + ${#allowed_copies}) * ${5:-1} == 20 )); then ok; else
+    bad "$name: the copies were not charged like v1 (limit 20, cost ${5:-1} each): $copies"; fi
+}
 case_ "malformed JSON (tests/fixtures/malformed)" 400 "${j[@]}" --data-binary @"$f/malformed.json" "$url/validate"
 case_ "truncated JSON" 400 "${j[@]}" --data-binary @"$W/truncated.json" "$url/validate"
 case_ "empty body" 400 "${j[@]}" --data-binary '' "$url/validate"
@@ -81,10 +142,12 @@ TRIES=3 case_ "oversized body (2 MB, limit 1 MiB)" 413 --http1.1 "${j[@]}" --dat
 case_ "review without request" 400 "${j[@]}" --data-binary @"$f/review-without-request.json" "$url/validate"
 case_ "review without uid" 400 "${j[@]}" --data-binary @"$f/review-without-uid.json" "$url/validate"
 case_ "request.object a string, not an object" 400 "${j[@]}" --data-binary @"$W/eviction-bad-object.json" "$url/validate"
-case_ "pods review of version v2 (allowed, paced)" 200 "${j[@]}" --data-binary @"$W/pod-v2.json" "$url/validate"
-case_ "apps/v1beta1 StatefulSet (allowed, paced)" 200 "${j[@]}" --data-binary @"$W/sts-v1beta1.json" "$url/validate"
+paced_case "pods review of version v2 (allowed, paced)" controller-deletes "$W/pod-v2.json" validate
+paced_case "apps/v1beta1 StatefulSet (allowed, paced)" partition-steps "$W/sts-v1beta1.json" validate 2
 case_ "unknown kind: batch/v1 CronJob (allowed)" 200 "${j[@]}" --data-binary @"$W/cronjob.json" "$url/mutate"
+answer_is "unknown kind: batch/v1 CronJob" "$W/cronjob.json" admission.k8s.io/v1 true
 case_ "AdmissionReview admission.k8s.io/v1beta1" 200 "${j[@]}" --data-binary @"$W/review-v1beta1.json" "$url/validate"
+answer_is "AdmissionReview admission.k8s.io/v1beta1" "$W/review-v1beta1.json" admission.k8s.io/v1beta1 true
 case_ "GET /validate" 405 "$url/validate"
 case_ "unknown path" 404 "$url/nope"
 # Plain HTTP to the TLS port: the handshake fails, nothing is served in clear text.
@@ -93,7 +156,6 @@ printf '%-44s %-6s %-8s %s\n' "plain HTTP to the TLS port" "-" "-" "refused (TLS
 if curl -s --max-time 3 --tls-max 1.1 --cacert "$ca" -o /dev/null "$url/validate"; then bad "TLS 1.1 was accepted"; else ok; fi
 printf '%-44s %-6s %-8s %s\n' "TLS 1.1 client" "-" "-" "refused (TLS 1.2+ only)"
 
-metric() { curl -s "http://127.0.0.1:$mport/metrics" | awk -v s="$1" '$1==s {print $2}'; }
 wait_metric() { # wait_metric SERIES VALUE
   for _ in $(seq 1 50); do [[ "$(metric "$1")" == "$2" ]] && return 0; sleep 0.1; done
   return 1
@@ -105,7 +167,7 @@ line="$(grep -m1 'policy not reloaded' "$W/serve.log" | sed 's/\x1b\[[0-9;]*m//g
 printf '%-44s %-6s %-8s %s\n' "broken policy written (hot reload)" "-" "-" "$line"
 [[ "$(metric churn_throttler_policy_rules)" == 5 ]] && ok || bad "the last good policy (5 rules) is not in force"
 # A key that does not match the certificate: refused, the last good pair keeps serving.
-"$CHURN_THROTTLER_BIN" serve --dev --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
+"$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
 other=$!
 for _ in $(seq 1 50); do [[ -s "$W/other/tls.key" ]] && break; sleep 0.1; done
 kill -TERM "$other" 2>/dev/null; wait "$other" 2>/dev/null

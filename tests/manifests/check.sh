@@ -9,8 +9,9 @@
 #   3. structural checks in check_manifests.py (webhook settings, policy timeout,
 #      security context, RBAC, selectors, cert-manager chain, placeholders);
 #   4. the Grafana dashboard: JSON parses, every expr names a metric defined in
-#      src/, and (when promtool is on PATH) every expr parses as PromQL;
-#   5. when the tests/e2e control-plane binaries are built: a throw-away
+#      src/, and every expr parses as PromQL (promtool; a failure when it is missing);
+#   5. the tests/e2e control-plane binaries (built here when missing, which also
+#      installs Debian's prometheus package for step 4's promtool): a throw-away
 #      kube-apiserver v1.36 (tests/e2e/cluster.sh) takes a server-side dry-run
 #      of base, e2e-local (placeholders filled) and cert-manager (core kinds).
 # Exits non-zero if anything fails. Last line: "manifests: N passed, N failed".
@@ -21,13 +22,15 @@
 #     kubeconform-v0.8.0/bin/kubeconform   go install github.com/yannh/kubeconform/cmd/kubeconform
 #     kubernetes-validate-1.37.0/          pip install --target (schemas only, no deps)
 #     pyyaml/                              pip install --target, only if python3 lacks yaml
-# Cold (empty Go caches): about 2 minutes; cached: about 10 s, plus about 15 s
+# Cold (empty Go caches): about 2 minutes, plus the e2e binaries' build for step 5
+# (tests/e2e/build-binaries.sh, many minutes once); cached: about 10 s, plus about 15 s
 # for step 5.
 #
 # Environment:
 #   KUSTOMIZE=path                 use this kustomize binary (or a kubectl: `kubectl kustomize`)
 #   CHURN_MANIFESTS_SKIP_SCHEMAS=1 skip kubeconform (structural checks still run)
-#   CHURN_MANIFESTS_CLUSTER=auto|0|1  step 5: if built (default) | never | always (builds them)
+#   CHURN_MANIFESTS_CLUSTER=1|0    step 5: always, building the e2e binaries when missing
+#                                  (default) | never
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -209,19 +212,19 @@ fi
 
 # --- a real API server: server-side dry-run ----------------------------------
 # kube-apiserver v1.36 from tests/e2e validates what no schema does (caBundle
-# encoding, webhook names and URLs, selectors, defaulting). Runs when the e2e
-# binaries are already built, or always with CHURN_MANIFESTS_CLUSTER=1 (which
-# builds them, minutes), never with CHURN_MANIFESTS_CLUSTER=0. CRD kinds
+# encoding, webhook names and URLs, selectors, defaulting). The e2e binaries are built
+# here when they are not yet (tests/e2e/build-binaries.sh: minutes on a clean machine,
+# a no-op after; it also installs Debian's prometheus package, whose promtool checks the
+# dashboard below). Only CHURN_MANIFESTS_CLUSTER=0 leaves the check out (said as SKIP). CRD kinds
 # (ServiceMonitor, cert-manager) are left out: their CRDs are not installed.
-want="${CHURN_MANIFESTS_CLUSTER:-auto}"
-e2e_cache="${CHURN_E2E_CACHE:-$HOME/.cache/churn-throttler-e2e}"
+want="${CHURN_MANIFESTS_CLUSTER:-1}"
 if [[ "$want" == 0 ]]; then
   log "SKIP server-side dry-run (CHURN_MANIFESTS_CLUSTER=0)"
-elif [[ "$want" == auto ]] && ! compgen -G "$e2e_cache/*/bin/kube-apiserver" >/dev/null; then
-  log "SKIP server-side dry-run (e2e binaries not built; tests/e2e/build-binaries.sh, or CHURN_MANIFESTS_CLUSTER=1)"
+elif ! e2e_bin="$("$repo/tests/e2e/build-binaries.sh" | tail -n1)" || [[ -z "$e2e_bin" ]]; then
+  failed_before+=("tests/e2e/build-binaries.sh (the control plane for the server-side dry-run)")
 else
   cluster_w="$(mktemp -d)"
-  if CHURN_E2E_SKIP_PROM=1 CLUSTER_NODES=1 "$repo/tests/e2e/cluster.sh" up "$cluster_w" >"$out/cluster.log" 2>&1; then
+  if E2E_BIN="$e2e_bin" CHURN_E2E_SKIP_PROM=1 CLUSTER_NODES=1 "$repo/tests/e2e/cluster.sh" up "$cluster_w" >"$out/cluster.log" 2>&1; then
     kc="$(bash -c "source '$cluster_w/env' >/dev/null 2>&1 && command -v kubectl")"
     export KUBECONFIG="$cluster_w/kubeconfig"
     log "server-side dry-run against $("$kc" version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>/dev/null)"
@@ -259,7 +262,8 @@ if command -v promtool >/dev/null; then
   extra+=(--promtool "$(command -v promtool)")
   log "promtool: $(promtool --version 2>&1 | head -n1)"
 else
-  log "SKIP PromQL syntax check of the dashboard (promtool not on PATH; Debian package 'prometheus')"
+  # build-binaries.sh above installs it; without it the dashboard's PromQL goes unchecked.
+  failed_before+=("promtool on PATH for the dashboard's PromQL check (Debian package 'prometheus')")
 fi
 for f in "${passed_before[@]}"; do extra+=(--passed-before "$f"); done
 for f in "${failed_before[@]}"; do extra+=(--failed-before "$f"); done
