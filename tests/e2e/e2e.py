@@ -438,6 +438,41 @@ def effect_counts(reqs, t0, t_end, window, second):
     return out
 
 
+def step_effects(args, evs):
+    """The releaser's partition steps at their patches' answers: each decrease of a
+    StatefulSet's partition seen by the watch, matched to the last patch by
+    churn-throttler's service account on that set answered before it (the watch can
+    deliver a change a little before the audit log stamps its answer)."""
+    t_end = args.t_end or args.t0 + 3_600_000
+    reqs = audit_requests(args.audit, args.t0, t_end, args.ns_prefix)
+    is_patch = lambda r: (r["verb"] == "patch" and r["resource"] == "statefulsets" and r["code"] == 200
+                          and r["user"].startswith("system:serviceaccount:churn-throttler:"))
+    last, done, unmatched = {}, [], 0
+    for e in evs:
+        if e.get("kind") != "sts" or not (e.get("ns") or "").startswith(args.ns_prefix):
+            continue
+        p, key = e.get("partition"), e["uid"]
+        if e["t"] >= args.t0 and last.get(key) is not None and p is not None and p < last[key]:
+            best = None
+            for r in reqs:
+                if r["done"] > e["t"] + 500:
+                    break
+                if r["ns"] == e["ns"] and r["name"] == e["name"] and is_patch(r):
+                    best = r
+            if best is None:
+                unmatched += 1
+            else:
+                done.extend([best["done"]] * (last[key] - p))
+        last[key] = p
+    done.sort()
+    return {
+        "effect_steps": len(done),
+        "effect_steps_max": max_in_window(done, args.window_ms),
+        "effect_steps_max_1s": max_in_window(done, 1000),
+        "steps_unmatched": unmatched,
+    }
+
+
 def proven_counts(args, pods, excluded):
     """Deletions, creations and starts (ungated creations, gates lifted) of the rollout as
     intervals from the audit log, counted in exact windows: inside (most_inside, a lower
@@ -575,6 +610,7 @@ def cmd_rollout(args):
     if args.audit:
         lo, hi = (args.exclude_from, args.exclude_to) if args.exclude_from is not None else (None, None)
         res.update(proven_counts(args, pods, lambda t: lo is not None and lo <= t <= hi))
+        res.update(step_effects(args, evs))
     paced = args.paced_events if args.paced_events else expected
     ideal = paced * window / 1000 / limit
     res["ideal_s"] = round(ideal, 1)

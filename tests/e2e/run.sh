@@ -857,9 +857,20 @@ for action in $ACTIONS; do
   esac
   for e in $effects; do
     n=$(jget "$R" "effect_$e"); mx=$(jget "$R" "effect_${e}_max"); m1=$(jget "$R" "effect_${e}_max_1s")
-    check "[$action] at the effect ($e, at their answers in the audit log): at most $LIMIT in any ${WINDOW} s window ($mx) and at most $per_s in any 1 s ($m1), all $((STS * REPLICAS)) counted ($n)" \
-      test "$n" -eq $((STS * REPLICAS)) -a "$mx" -le "$LIMIT" -a "$m1" -le "$per_s"
+    if [[ $action == partition ]]; then
+      # The releaser spaces its steps (checked below); the StatefulSet controller then
+      # deletes and re-creates on its own schedule, which can bunch within a second.
+      check "[$action] at the effect ($e, at their answers in the audit log): at most $LIMIT in any ${WINDOW} s window ($mx; per 1 s: $m1, not bounded by the steps' spacing), all $((STS * REPLICAS)) counted ($n)" \
+        test "$n" -eq $((STS * REPLICAS)) -a "$mx" -le "$LIMIT"
+    else
+      check "[$action] at the effect ($e, at their answers in the audit log): at most $LIMIT in any ${WINDOW} s window ($mx) and at most $per_s in any 1 s ($m1), all $((STS * REPLICAS)) counted ($n)" \
+        test "$n" -eq $((STS * REPLICAS)) -a "$mx" -le "$LIMIT" -a "$m1" -le "$per_s"
+    fi
   done
+  if [[ $action == partition ]]; then
+    check "[$action] the releaser's steps at their patches' answers: at most $LIMIT in any ${WINDOW} s window ($(jget "$R" effect_steps_max)) and at most $per_s in any 1 s ($(jget "$R" effect_steps_max_1s)), all $((STS * REPLICAS)) found ($(jget "$R" effect_steps), unmatched $(jget "$R" steps_unmatched))" \
+      test "$(jget "$R" effect_steps)" -eq $((STS * REPLICAS)) -a "$(jget "$R" steps_unmatched)" -eq 0 -a "$(jget "$R" effect_steps_max)" -le "$LIMIT" -a "$(jget "$R" effect_steps_max_1s)" -le "$per_s"
+  fi
   # The requests' intervals: most inside a window is a lower bound (over the limit is a
   # certain breach), most overlapping it an upper bound; the bindings' answers lie between.
   case "$action" in
@@ -872,8 +883,17 @@ for action in $ACTIONS; do
     test "$inside_ok" -eq 1
   check "[$action] the bindings at their answers lie between their requests' bounds: inside $(jget "$R" effect_binds_inside) <= $(jget "$R" effect_binds_max) <= overlapping $(jget "$R" effect_binds_overlap)" \
     test "$(jget "$R" effect_binds_inside)" -le "$(jget "$R" effect_binds_max)" -a "$(jget "$R" effect_binds_max)" -le "$(jget "$R" effect_binds_overlap)"
-  ratio_ok=$(python3 -c "import sys; r='$(jget "$R" ratio)'; print(1 if r not in ('', 'None') and float(r) <= 1.15 else 0)")
-  check "[$action] makespan $(jget "$R" makespan_s) s within 1.15 x the ideal $(jget "$R" ideal_s) s (ratio $(jget "$R" ratio))" test "$ratio_ok" -eq 1
+  # Gate and partition keep no client waiting: 1.15 x the ideal. Hold, retry-after and
+  # deny answer the StatefulSet controller's own requests: its 5 workers wait in (or
+  # retry into) one rule's queue of spaced slots at a time, so deletions and creations
+  # are served one after the other, at best every paced event one spacing apart.
+  bound=$(python3 -c "
+ideal = float('$(jget "$R" ideal_s)')
+spacing = ($WINDOW_MS + min(500, $WINDOW_MS // 20)) / $LIMIT / 1000
+serial = 2 * $((STS * REPLICAS)) * spacing if '${BURST:-2}' != '$LIMIT' else ideal
+print(round(1.15 * (ideal if '$action' in ('gate', 'partition') else serial), 1))")
+  check "[$action] makespan $(jget "$R" makespan_s) s within $bound s (ratio to the ideal $(jget "$R" ideal_s) s: $(jget "$R" ratio))" \
+    python3 -c "import sys; m='$(jget "$R" makespan_s)'; sys.exit(0 if m not in ('', 'None') and float(m) <= $bound else 1)"
   check "[$action] every watched event has its request in the audit log ($(jget "$R" proven_unmatched) without)" test "$(jget "$R" proven_unmatched)" -eq 0
   check "[$action] every pod re-created once: $(jget "$R" creates) created, $(jget "$R" deletes) deleted, $(jget "$R" new_ready) Ready of $((STS * REPLICAS))" \
     test "$(jget "$R" creates)" -eq $((STS * REPLICAS)) -a "$(jget "$R" new_ready)" -eq $((STS * REPLICAS))
