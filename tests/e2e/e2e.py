@@ -610,7 +610,8 @@ def cmd_rollout(args):
     if args.audit:
         lo, hi = (args.exclude_from, args.exclude_to) if args.exclude_from is not None else (None, None)
         res.update(proven_counts(args, pods, lambda t: lo is not None and lo <= t <= hi))
-        res.update(step_effects(args, evs))
+        if args.sts_events:
+            res.update(step_effects(args, load_events(args.sts_events)))
     paced = args.paced_events if args.paced_events else expected
     ideal = paced * window / 1000 / limit
     res["ideal_s"] = round(ideal, 1)
@@ -996,6 +997,7 @@ def main():
     p.add_argument("--t-end", type=int)
     p.add_argument("--collateral-ns"); p.add_argument("--collateral-t", type=int)
     p.add_argument("--exclude-from", type=int); p.add_argument("--exclude-to", type=int)
+    p.add_argument("--sts-events", help="recorded StatefulSet events: the releaser's partition steps")
     p.set_defaults(fn=cmd_rollout)
 
     p = sub.add_parser("steps")

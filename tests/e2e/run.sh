@@ -739,7 +739,7 @@ for line in sys.stdin:
   stop_recorder "sts-$tag"
   local args=(--events "$W/pods-$tag.jsonl" --t0 "$t0" --action "$action" --ns-prefix mass- --sts "$STS"
     --replicas "$REPLICAS" --limit "$LIMIT" --window-ms "$WINDOW_MS" --jitter-ms "$JITTER_MS"
-    --audit "$W/logs/audit.log" --t-end "$t_end"
+    --audit "$W/logs/audit.log" --t-end "$t_end" --sts-events "$W/sts-$tag.jsonl"
     --collateral-ns "$COLLATERAL_NS" --collateral-t "$tc")
   [[ -n "$t_kill" ]] && args+=(--exclude-from "$t_kill" --exclude-to "$t_back")
   # The caller runs this function on the left of `||`, where `set -e` is off: every step
