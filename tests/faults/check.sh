@@ -31,7 +31,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$CHURN_THROTTLER_BIN" default-policy >"$W/policy.yaml"
+# The built-in policy with plain windows (burst = events): the paced cases below send
+# distinct copies back to back and count how many fit before the 429, which a spaced
+# limit would hold one spacing each instead (the spacing has its own tests).
+"$CHURN_THROTTLER_BIN" default-policy | sed -E 's/events: ([0-9]+), window: ([0-9a-z]+), scope: global \}/events: \1, window: \2, scope: global, burst: \1 }/' >"$W/policy.yaml"
+grep -q 'burst: 20 }' "$W/policy.yaml" || { echo "faults: could not give the policy plain windows" >&2; exit 1; }
 "$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/dev" --config "$W/policy.yaml" \
   --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --reload-interval 200ms \
   --max-body-bytes 1048576 --shutdown-delay 0s >"$W/serve.log" 2>&1 &
