@@ -6,6 +6,7 @@ pub mod budget;
 pub mod cli;
 pub mod limiter;
 pub mod metrics;
+pub mod names;
 pub mod policy;
 pub mod releaser;
 pub mod serve;

@@ -2,7 +2,8 @@
 //! count to the server state. The share itself is computed where it is used
 //! (`AppState::decision_policy`), so a stuck loop still falls back on time.
 
-use super::{lease_name, PeerLease, Peers, LEASE_LABEL};
+use super::{lease_name, PeerLease, Peers};
+use crate::names::LEASE_LABEL;
 use crate::releaser::lease::{within, Failure};
 use crate::server::state::AppState;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};

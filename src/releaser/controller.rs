@@ -14,8 +14,8 @@ use super::plan::{
     Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
 };
 use super::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
-use crate::admission::{GATED_LABEL, GATE_NAME};
 use crate::limiter::Millis;
+use crate::names::{format_time, GATED_LABEL, GATE_NAME, REPORTING_CONTROLLER};
 use crate::policy::{format_duration, Policy};
 use crate::server::state::{now_millis, AppState};
 use futures::{StreamExt, TryStreamExt};
@@ -43,7 +43,6 @@ pub(super) const CONCURRENCY: usize = 8;
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events written per round at most, whatever the number of waiting namespaces.
 pub(super) const MAX_EVENTS_PER_ROUND: usize = 20;
-const REPORTING_CONTROLLER: &str = "churn-throttler.io/releaser";
 /// The label value used for pods whose rule is not in the policy, to keep labels bounded.
 pub(super) const NO_RULE: &str = "(none)";
 
@@ -504,7 +503,7 @@ impl Releaser {
             }
         }
         if !released.is_empty() {
-            let at = super::pods::format_time(now);
+            let at = format_time(now);
             tracing::info!(
                 rate = released.get("rate").copied().unwrap_or(0),
                 rule_gone = released.get("rule-gone").copied().unwrap_or(0),

@@ -16,7 +16,6 @@ pub mod statefulsets;
 
 pub use controller::{run, Config};
 pub use lease::LeaseConfig;
-pub use pods::{LABEL_GATED, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
 
 /// The Lease's namespace: `--lease-namespace`, else $POD_NAMESPACE, else churn-throttler.
 pub fn default_namespace(flag: Option<&str>, pod_namespace: Option<&str>) -> String {

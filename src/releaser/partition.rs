@@ -17,12 +17,12 @@ use super::partition_plan::{
     TakenStep,
 };
 use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
-use super::pods::format_time;
 use super::statefulsets::{
     cleanup_patch, finish_patch, let_go_patch, pod_progress, released_pod_name, step_patch,
     update_revision, view, PodProgress, View,
 };
 use crate::limiter::Millis;
+use crate::names::{format_time, FIELD_MANAGER};
 use crate::policy::{format_duration, Action, Policy};
 use crate::server::state::{now_millis, AppState};
 use futures::StreamExt;
@@ -41,8 +41,6 @@ use tokio::sync::Notify;
 /// A released pod that is not settled is looked at again at least this often, even when
 /// its StatefulSet does not change (status updates normally bring the news first).
 const RECHECK_MS: Millis = 5_000;
-/// The field manager of the releaser's patches, for tools that read managedFields.
-pub const FIELD_MANAGER: &str = "churn-throttler";
 
 /// The last look at the pod a set's last step released.
 struct PodCheck {
