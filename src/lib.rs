@@ -11,4 +11,5 @@ pub mod policy;
 pub mod releaser;
 pub mod serve;
 pub mod server;
+pub mod shared;
 pub mod simulate;
