@@ -4,8 +4,9 @@ use crate::cli::ServeArgs;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::server::reload::{self, CertFiles};
-use crate::server::state::{now_millis, AppState};
+use crate::server::state::AppState;
 use crate::server::{self, certgen, tls};
+use crate::shared::now_millis;
 use anyhow::{bail, Context};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -163,16 +164,28 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     match crate::releaser::config_from_args(&args) {
         Some(config) => {
             state.set_releaser_starting();
-            tasks.spawn(crate::releaser::run(config, state.clone(), stop_rx.clone()));
+            let ctx = crate::releaser::Context {
+                policy: state.policy_cell(),
+                limiter: state.limiter_cell(),
+                role: state.releaser_role(),
+                metrics: state.metrics.clone(),
+                instance: state.instance.clone(),
+            };
+            tasks.spawn(crate::releaser::run(config, Arc::new(ctx), stop_rx.clone()));
         }
         None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
     }
     match crate::budget::lease::config_from_args(&args) {
         Some(config) => {
             state.enable_budget(args.budget.max_replicas, config.duration);
+            let ctx = crate::budget::lease::Context {
+                budget: state.budget_cell(),
+                policy: state.policy_cell(),
+                metrics: state.metrics.clone(),
+            };
             tasks.spawn(crate::budget::lease::run(
                 config,
-                state.clone(),
+                Arc::new(ctx),
                 stop_rx.clone(),
             ));
         }
@@ -248,7 +261,7 @@ async fn sweep_loop(state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = ticker.tick() => state.sweep(now_millis()),
-            _ = crate::server::stopped(&mut shutdown) => return,
+            _ = crate::shared::stopped(&mut shutdown) => return,
         }
     }
 }

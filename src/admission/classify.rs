@@ -2,31 +2,15 @@
 //! Decides what is churn at all: a terminating pod's final DELETE, for one, never is.
 
 use crate::limiter::Identity;
+use crate::names::{
+    PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
+    PARTITION_TARGET_ANNOTATION,
+};
 use crate::policy::ChurnKind;
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::DynamicObject;
 use serde_json::Value;
 use std::collections::BTreeMap;
-
-/// The scheduling gate churn-throttler adds and only it removes.
-pub const GATE_NAME: &str = "churn-throttler.io/paced";
-/// Label on pods churn-throttler gated ("true") or released but not yet seen Ready
-/// ("released"), so the releaser can list and watch exactly those pods.
-pub const GATED_LABEL: &str = "churn-throttler.io/gated";
-/// Annotation naming the rule that gated a pod, for the releaser.
-pub const GATED_BY_ANNOTATION: &str = "churn-throttler.io/gated-by";
-/// Annotation holding the partition a writer asked for while churn-throttler holds it.
-pub const PARTITION_TARGET_ANNOTATION: &str = "churn-throttler.io/partition-target";
-/// Annotation holding the partition churn-throttler set; an update that writes the same
-/// value into both is a release step, not a writer moving the target.
-pub const PARTITION_HELD_ANNOTATION: &str = "churn-throttler.io/partition-held";
-/// Annotation naming the rule that holds a StatefulSet's partition, for the releaser.
-pub const PACED_BY_ANNOTATION: &str = "churn-throttler.io/paced-by";
-/// Annotation with the time a paced rollout was first held (RFC 3339, milliseconds).
-pub const PARTITION_HELD_SINCE_ANNOTATION: &str = "churn-throttler.io/partition-held-since";
-/// Annotation with the times of the releaser's recent steps (comma-separated RFC 3339):
-/// the record window seeding rebuilds the windows from after a restart.
-pub const PARTITION_STEPPED_AT_ANNOTATION: &str = "churn-throttler.io/partition-stepped-at";
 
 /// Why a request is allowed without consulting the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,18 +1,17 @@
 //! The decision on one admission request: policy + limiter state + now -> verdict.
 //! Pure: the caller supplies `now` and performs any waiting a `Hold` asks for.
 
-use super::classify::{
-    classify, ChurnRequest, Classified, PassReason, StatefulSetChange, GATED_BY_ANNOTATION,
-    GATED_LABEL, GATE_NAME, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,
-    PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION,
-};
+use super::classify::{classify, ChurnRequest, Classified, PassReason, StatefulSetChange};
 use crate::limiter::{
     Ask, Identity, Limiter, Millis, Outcome, RefusedWhy, RETRY_ARRIVAL_MARGIN_MS,
 };
+use crate::names::{
+    add, escape, format_time, ADMITTED_BY_ANNOTATION, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME,
+    LABEL_RELEASED, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,
+    PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION, RELEASED_AT_ANNOTATION,
+};
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
-use crate::releaser::pods::{format_time, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
-use json_patch::{AddOperation, Patch, PatchOperation};
-use jsonptr::PointerBuf;
+use json_patch::{Patch, PatchOperation};
 use kube::core::admission::AdmissionRequest;
 use kube::core::DynamicObject;
 use serde_json::{json, Value};
@@ -410,10 +409,6 @@ fn gate_patch(churn: &ChurnRequest, rule: &str) -> Patch {
     Patch(ops)
 }
 
-/// Annotation on a pod the webhook admitted at once under a gate rule: the process whose
-/// limiter charged it, which therefore does not seed its windows with it again.
-pub const ADMITTED_BY_ANNOTATION: &str = "churn-throttler.io/admitted-by";
-
 /// A pod the webhook admits at once under a gate rule is marked the way the releaser marks
 /// a pod it released (label `released`, the rule, the time), so a releaser that leads
 /// later, after a restart of every replica too, seeds its windows with it: the webhook's
@@ -483,18 +478,13 @@ fn map_entries_ops(map: &str, map_exists: bool, entries: &[(&str, &str)]) -> Vec
 /// Adds `key: value` to metadata.labels or metadata.annotations, creating the map if absent.
 fn map_entry_ops(map: &str, map_exists: bool, key: &str, value: &str) -> Vec<PatchOperation> {
     if map_exists {
-        let escaped = key.replace('~', "~0").replace('/', "~1");
-        vec![add(&format!("/metadata/{map}/{escaped}"), json!(value))]
+        vec![add(
+            &format!("/metadata/{map}/{}", escape(key)),
+            json!(value),
+        )]
     } else {
         vec![add(&format!("/metadata/{map}"), json!({ key: value }))]
     }
-}
-
-fn add(path: &str, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: PointerBuf::parse(path).unwrap_or_default(),
-        value,
-    })
 }
 
 /// The partition action on a StatefulSet UPDATE: None when pacing does not apply.
@@ -608,7 +598,7 @@ fn partition_patch(
             "annotations",
             true,
             PARTITION_HELD_SINCE_ANNOTATION,
-            &crate::releaser::pods::format_time(now),
+            &format_time(now),
         ));
     }
     Patch(ops)

@@ -5,14 +5,11 @@ pub mod classify;
 pub mod decide;
 pub mod respond;
 
-pub use classify::{
-    classify, ChurnRequest, Classified, PassReason, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME,
-    PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
-    PARTITION_STEPPED_AT_ANNOTATION, PARTITION_TARGET_ANNOTATION,
-};
+/// Kept for src/simulate's import path only; the names live in `crate::names`.
+pub use crate::names::GATE_NAME;
+pub use classify::{classify, ChurnRequest, Classified, PassReason};
 pub use decide::{
     decide, mark_admission, plan_partition, Decision, Endpoint, PartitionPlan, Verdict,
-    ADMITTED_BY_ANNOTATION,
 };
 pub use respond::{respond, review_json};
 

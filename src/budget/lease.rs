@@ -1,10 +1,12 @@
 //! The budget's shell: renews this replica's Lease, lists the others', and hands the
-//! count to the server state. The share itself is computed where it is used
-//! (`AppState::decision_policy`), so a stuck loop still falls back on time.
+//! count to the budget cell it shares with the server. The share itself is computed
+//! where it is used (`AppState::decision_policy`), so a stuck loop still falls back on time.
 
-use super::{lease_name, PeerLease, Peers, LEASE_LABEL};
+use super::{lease_name, PeerLease, Peers};
+use crate::metrics::Metrics;
+use crate::names::LEASE_LABEL;
 use crate::releaser::lease::{within, Failure};
-use crate::server::state::AppState;
+use crate::shared::{BudgetCell, PolicyCell};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -62,7 +64,7 @@ pub fn config_from_args(args: &crate::cli::ServeArgs) -> Option<Config> {
     let identity = crate::releaser::default_identity(
         args.releaser.identity.as_deref(),
         env("POD_NAME").as_deref(),
-        crate::releaser::hostname().as_deref(),
+        crate::shared::hostname().as_deref(),
         std::process::id(),
     );
     let mut config = Config::new(namespace, identity);
@@ -76,12 +78,27 @@ pub fn config_from_args(args: &crate::cli::ServeArgs) -> Option<Config> {
     Some(config)
 }
 
+/// What the budget lease uses of the process, built by `serve`: the count it writes, and
+/// the policy and metrics it publishes the resulting share with.
+pub struct Context {
+    pub budget: Arc<BudgetCell>,
+    pub policy: Arc<PolicyCell>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Context {
+    fn publish_budget(&self) {
+        self.budget.publish(&self.policy.get(), &self.metrics);
+    }
+}
+
 /// Runs until `shutdown`; then gives the Lease up so the others widen their share at once.
-pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(config: Config, state: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let client = match connect(&config, &mut shutdown).await {
         Connected::Client(client) => client,
         Connected::NoCluster => {
-            state.set_budget_off();
+            state.budget.set_off();
+            state.publish_budget();
             return;
         }
         Connected::Stopped => return,
@@ -105,7 +122,7 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
             Ok(listing) => {
                 peers.observe(&listing, ms(started));
                 let count = peers.live(&name, ms(Instant::now()));
-                state.set_budget_contact(started, count);
+                state.budget.set_contact(started, count);
                 if count != last_count || failures > 0 {
                     tracing::info!(
                         replicas = count,
@@ -131,7 +148,7 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
         state.publish_budget();
         tokio::select! {
             _ = tokio::time::sleep_until(started + config.renew_every) => {}
-            _ = crate::server::stopped(&mut shutdown) => {
+            _ = crate::shared::stopped(&mut shutdown) => {
                 give_up(&api, &config, mine).await;
                 return;
             }
@@ -166,7 +183,7 @@ async fn connect(config: &Config, shutdown: &mut watch::Receiver<bool>) -> Conne
             "global budget: no usable Kubernetes configuration; enforcing the fallback share meanwhile");
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = crate::server::stopped(shutdown) => return Connected::Stopped,
+            _ = crate::shared::stopped(shutdown) => return Connected::Stopped,
         }
         delay = (delay * 2).min(Duration::from_secs(30));
     }

@@ -13,13 +13,9 @@
 pub mod lease;
 
 use crate::limiter::Millis;
+use crate::names::LEASE_PREFIX;
 use crate::policy::{Action, Policy};
 use std::collections::HashMap;
-
-/// Replica Leases are named this prefix + the replica's identity.
-pub const LEASE_PREFIX: &str = "churn-throttler-replica-";
-/// Label on replica Leases, so a replica lists exactly those.
-pub const LEASE_LABEL: &str = "churn-throttler.io/replica-lease";
 
 /// What part of each limit this replica enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,17 +7,18 @@
 //! webhook's own limiter, so on the leading replica the pods the webhook admits
 //! ungated and the pods the releaser lifts share one window per rule.
 
-use super::lease::{self, within, Leadership, LeaseConfig};
+use super::lease::{self, within, LeaseConfig};
 use super::partition::PartitionReleaser;
 use super::plan::{
     gate_rule, labels_to_drop, not_ready_by_rule, plan, seed, Blocked, Charged, Cursor, Inputs,
     Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
 };
 use super::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
-use crate::admission::{GATED_LABEL, GATE_NAME};
+use super::Context;
 use crate::limiter::Millis;
+use crate::names::{format_time, GATED_LABEL, GATE_NAME, REPORTING_CONTROLLER};
 use crate::policy::{format_duration, Policy};
-use crate::server::state::{now_millis, AppState};
+use crate::shared::{now_millis, Leadership, ReleaserRole};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -43,7 +44,6 @@ pub(super) const CONCURRENCY: usize = 8;
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Events written per round at most, whatever the number of waiting namespaces.
 pub(super) const MAX_EVENTS_PER_ROUND: usize = 20;
-const REPORTING_CONTROLLER: &str = "churn-throttler.io/releaser";
 /// The label value used for pods whose rule is not in the policy, to keep labels bounded.
 pub(super) const NO_RULE: &str = "(none)";
 
@@ -65,7 +65,7 @@ impl Config {
 
 /// Runs the releaser until `shutdown`: connects (retrying while there is no cluster),
 /// takes part in the election, and releases while it leads.
-pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(config: Config, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
     let Some(client) = connect(&mut shutdown).await else {
         return;
     };
@@ -80,18 +80,18 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
         leases,
         config.lease.clone(),
         tx,
-        state.metrics.clone(),
+        ctx.metrics.clone(),
         shutdown.clone(),
     ));
     let mut leadership = Leadership::new(rx);
     // The global budget: only the leader admits gate-rule pods at once (src/budget).
-    state.set_releaser_leadership(leadership.clone());
-    let mut releaser = Releaser::new(client.clone(), state.clone(), &config);
-    let mut partitions = PartitionReleaser::new(client, state.clone(), &config);
+    ctx.role.set(ReleaserRole::Running(leadership.clone()));
+    let mut releaser = Releaser::new(client.clone(), ctx.clone(), &config);
+    let mut partitions = PartitionReleaser::new(client, ctx.clone(), &config);
     loop {
         tokio::select! {
             acquired = leadership.acquired() => if !acquired { break },
-            _ = crate::server::stopped(&mut shutdown) => break,
+            _ = crate::shared::stopped(&mut shutdown) => break,
         }
         let mut term_end = leadership.clone();
         // Gates and partitions in one term: either watch ending starts both over.
@@ -107,7 +107,7 @@ pub async fn run(config: Config, state: Arc<AppState>, mut shutdown: watch::Rece
             _ = term_end.lost() => {
                 tracing::warn!("releaser: no longer the leader; stopped releasing");
             }
-            _ = crate::server::stopped(&mut shutdown) => break,
+            _ = crate::shared::stopped(&mut shutdown) => break,
         }
         releaser.clear_gauges();
         partitions.clear_gauges();
@@ -139,7 +139,7 @@ async fn connect(shutdown: &mut watch::Receiver<bool>) -> Option<Client> {
         );
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = crate::server::stopped(shutdown) => return None,
+            _ = crate::shared::stopped(shutdown) => return None,
         }
         delay = (delay * 2).min(Duration::from_secs(60));
     }
@@ -201,7 +201,7 @@ struct Failed {
 
 struct Releaser {
     client: Client,
-    state: Arc<AppState>,
+    ctx: Arc<Context>,
     identity: String,
     event_interval: Millis,
     charged: Charged,
@@ -232,10 +232,10 @@ enum Done {
 }
 
 impl Releaser {
-    fn new(client: Client, state: Arc<AppState>, config: &Config) -> Releaser {
+    fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Releaser {
         Releaser {
             client,
-            state,
+            ctx,
             identity: config.lease.identity.clone(),
             event_interval: config.event_interval.as_millis() as Millis,
             charged: Charged::default(),
@@ -257,7 +257,7 @@ impl Releaser {
         let _feed = spawn_feed(
             stream,
             changed.clone(),
-            self.state.metrics.clone(),
+            self.ctx.metrics.clone(),
             "gated pods",
         );
         // Nothing is released before the whole set of labelled pods has been listed.
@@ -290,7 +290,7 @@ impl Releaser {
         now: Millis,
         first: bool,
     ) -> Option<Millis> {
-        let policy = self.state.policy();
+        let policy = self.ctx.policy();
         let mut queue: Vec<QueuedPod> = Vec::new();
         let mut gate_at: Vec<(usize, bool)> = Vec::new();
         let mut ungated: Vec<(QueuedPod, bool)> = Vec::new();
@@ -332,13 +332,13 @@ impl Releaser {
         self.charged.prune(&policy, now);
         let not_ready = not_ready_by_rule(&released);
         let (plan, seeded) = {
-            let mut limiter = self.state.limiter();
+            let mut limiter = self.ctx.limiter();
             let seeded = seed(
                 &mut limiter,
                 &policy,
                 &released,
                 &mut self.charged,
-                &self.state.instance,
+                &self.ctx.instance,
                 now,
             );
             // Pods un-gated by hand are counted now, before anything else is planned.
@@ -449,7 +449,7 @@ impl Releaser {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        let metrics = &self.state.metrics;
+        let metrics = &self.ctx.metrics;
         let mut released: HashMap<&str, u32> = HashMap::new();
         let mut errors = 0;
         for (job, done) in &results {
@@ -504,7 +504,7 @@ impl Releaser {
             }
         }
         if !released.is_empty() {
-            let at = super::pods::format_time(now);
+            let at = format_time(now);
             tracing::info!(
                 rate = released.get("rate").copied().unwrap_or(0),
                 rule_gone = released.get("rule-gone").copied().unwrap_or(0),
@@ -530,7 +530,7 @@ impl Releaser {
             .map(|i| &released[i])
             .collect();
         let client = self.client.clone();
-        let metrics = self.state.metrics.clone();
+        let metrics = self.ctx.metrics.clone();
         futures::stream::iter(todo)
             .for_each_concurrent(CONCURRENCY, |pod| {
                 let client = client.clone();
@@ -571,7 +571,7 @@ impl Releaser {
             .collect();
         self.events_sent
             .retain(|key, at| waiting.contains(key) && *at + interval > now);
-        let policy = self.state.policy();
+        let policy = self.ctx.policy();
         let mut due: Vec<&super::plan::Waiting> = plan
             .waiting
             .iter()
@@ -626,7 +626,7 @@ impl Releaser {
             events.push((head.clone(), reason, note));
         }
         let client = self.client.clone();
-        let metrics = self.state.metrics.clone();
+        let metrics = self.ctx.metrics.clone();
         let identity = self.identity.clone();
         futures::stream::iter(events)
             .for_each_concurrent(CONCURRENCY, |(pod, reason, note)| {
@@ -660,7 +660,7 @@ impl Releaser {
         queue: &[QueuedPod],
         not_ready: &HashMap<String, u32>,
     ) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.ctx.metrics;
         let mut queued: HashMap<String, i64> = HashMap::new();
         for pod in queue {
             *queued.entry(metric_rule(policy, &pod.rule)).or_insert(0) += 1;
@@ -693,7 +693,7 @@ impl Releaser {
 
     /// Only the leader reports the queue; a follower's gauges would be stale.
     fn clear_gauges(&mut self) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.ctx.metrics;
         for rule in self.gauge_rules.drain() {
             let _ = metrics.gate_queue.remove_label_values(&[&rule]);
             let _ = metrics.gate_not_ready.remove_label_values(&[&rule]);

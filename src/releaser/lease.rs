@@ -89,60 +89,6 @@ pub fn decide(lease: Option<&Lease>, me: &str, unchanged_for: Duration) -> Step 
     }
 }
 
-/// Who leads, as this replica knows it: `Some(deadline)` while it holds the lease.
-#[derive(Clone)]
-pub struct Leadership {
-    rx: watch::Receiver<Option<Instant>>,
-}
-
-impl Leadership {
-    pub fn new(rx: watch::Receiver<Option<Instant>>) -> Leadership {
-        Leadership { rx }
-    }
-
-    /// True only until the current term's deadline, even if the lease loop is stuck.
-    pub fn is_leader(&self) -> bool {
-        self.rx.borrow().is_some_and(|until| Instant::now() < until)
-    }
-
-    /// Resolves once this replica leads (false: the lease loop ended).
-    pub async fn acquired(&mut self) -> bool {
-        loop {
-            if self.is_leader() {
-                return true;
-            }
-            if self.rx.changed().await.is_err() {
-                return false;
-            }
-        }
-    }
-
-    /// Resolves when the term ends: the deadline passes unrenewed, or the lease is lost.
-    pub async fn lost(&mut self) {
-        loop {
-            let until = *self.rx.borrow_and_update();
-            let Some(until) = until else {
-                return;
-            };
-            if Instant::now() >= until {
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(until) => {
-                    if *self.rx.borrow() == Some(until) {
-                        return;
-                    }
-                }
-                changed = self.rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-}
-
 enum Outcome {
     Leading(Instant),
     Following(String),
@@ -235,7 +181,7 @@ pub async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = crate::server::stopped(&mut shutdown) => {
+            _ = crate::shared::stopped(&mut shutdown) => {
                 if tx.borrow().is_some() {
                     tx.send_replace(None);
                     give_up(&api, &config).await;
@@ -409,6 +355,7 @@ pub fn status_code(e: &kube::Error) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::Leadership;
 
     fn lease(holder: Option<&str>, seconds: Option<i32>) -> Lease {
         Lease {

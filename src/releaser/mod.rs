@@ -16,7 +16,34 @@ pub mod statefulsets;
 
 pub use controller::{run, Config};
 pub use lease::LeaseConfig;
-pub use pods::{LABEL_GATED, LABEL_RELEASED, RELEASED_AT_ANNOTATION};
+
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use crate::shared::{hostname, LimiterCell, PolicyCell, RoleCell};
+use std::sync::{Arc, MutexGuard};
+
+/// What the releasers use of the process, built by `serve`: the policy in force
+/// (unscaled), the limiter they charge with the webhook, where to say whether they lead
+/// (the global budget splits gate rules by it), the metrics, and this process's
+/// `admitted-by` mark (pods its own webhook admitted are already in its limiter).
+pub struct Context {
+    pub policy: Arc<PolicyCell>,
+    pub limiter: Arc<LimiterCell>,
+    pub role: Arc<RoleCell>,
+    pub metrics: Arc<Metrics>,
+    pub instance: String,
+}
+
+impl Context {
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.get()
+    }
+
+    pub fn limiter(&self) -> MutexGuard<'_, Limiter> {
+        self.limiter.lock()
+    }
+}
 
 /// The Lease's namespace: `--lease-namespace`, else $POD_NAMESPACE, else churn-throttler.
 pub fn default_namespace(flag: Option<&str>, pod_namespace: Option<&str>) -> String {
@@ -43,18 +70,6 @@ pub fn default_identity(
         .filter(|s| !s.is_empty())
         .unwrap_or("churn-throttler");
     format!("{host}-{pid}")
-}
-
-/// The host name, as the kernel has it (no extra crate for one file read).
-pub fn hostname() -> Option<String> {
-    std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
 }
 
 /// The releaser's configuration from `serve`'s flags; None when it is turned off

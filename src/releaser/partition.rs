@@ -11,20 +11,21 @@ use super::controller::{
     new_event, spawn_feed, Config, CALL_TIMEOUT, CONCURRENCY, DEBOUNCE, IDLE, MAX_EVENTS_PER_ROUND,
     NO_RULE,
 };
-use super::lease::{within, Leadership};
+use super::lease::within;
 use super::partition_plan::{
     plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
     TakenStep,
 };
 use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
-use super::pods::format_time;
 use super::statefulsets::{
     cleanup_patch, finish_patch, let_go_patch, pod_progress, released_pod_name, step_patch,
     update_revision, view, PodProgress, View,
 };
+use super::Context;
 use crate::limiter::Millis;
+use crate::names::{format_time, FIELD_MANAGER};
 use crate::policy::{format_duration, Action, Policy};
-use crate::server::state::{now_millis, AppState};
+use crate::shared::{now_millis, Leadership};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -41,8 +42,6 @@ use tokio::sync::Notify;
 /// A released pod that is not settled is looked at again at least this often, even when
 /// its StatefulSet does not change (status updates normally bring the news first).
 const RECHECK_MS: Millis = 5_000;
-/// The field manager of the releaser's patches, for tools that read managedFields.
-pub const FIELD_MANAGER: &str = "churn-throttler";
 
 /// The last look at the pod a set's last step released.
 struct PodCheck {
@@ -75,7 +74,7 @@ struct Failed {
 
 pub(super) struct PartitionReleaser {
     client: Client,
-    state: Arc<AppState>,
+    ctx: Arc<Context>,
     identity: String,
     event_interval: Millis,
     checks: HashMap<String, PodCheck>,
@@ -126,10 +125,10 @@ fn slim(sts: &mut StatefulSet) {
 }
 
 impl PartitionReleaser {
-    pub(super) fn new(client: Client, state: Arc<AppState>, config: &Config) -> Self {
+    pub(super) fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Self {
         PartitionReleaser {
             client,
-            state,
+            ctx,
             identity: config.lease.identity.clone(),
             event_interval: config.event_interval.as_millis() as Millis,
             checks: HashMap::new(),
@@ -153,7 +152,7 @@ impl PartitionReleaser {
         let _feed = spawn_feed(
             stream,
             changed.clone(),
-            self.state.metrics.clone(),
+            self.ctx.metrics.clone(),
             "statefulsets",
         );
         // Nothing is stepped before every StatefulSet has been listed.
@@ -185,7 +184,7 @@ impl PartitionReleaser {
         now: Millis,
         first: bool,
     ) -> Option<Millis> {
-        let policy = self.state.policy();
+        let policy = self.ctx.policy();
         let mut held: Vec<HeldSet> = Vec::new();
         let mut held_objects: Vec<Arc<StatefulSet>> = Vec::new();
         let mut records: Vec<Record> = Vec::new();
@@ -431,7 +430,7 @@ impl PartitionReleaser {
             return complete;
         }
         let client = self.client.clone();
-        let metrics = self.state.metrics.clone();
+        let metrics = self.ctx.metrics.clone();
         let held_ref: &[HeldSet] = held;
         // Per set: its index, the revision looked for, and what was seen when.
         type Look = (usize, String, Option<(PodProgress, Millis)>);
@@ -535,7 +534,7 @@ impl PartitionReleaser {
             .buffer_unordered(CONCURRENCY)
             .collect()
             .await;
-        let metrics = self.state.metrics.clone();
+        let metrics = self.ctx.metrics.clone();
         let mut counts: BTreeMap<&'static str, u32> = BTreeMap::new();
         let mut events: Vec<(ObjectReference, &'static str, String)> = Vec::new();
         for (job, done) in &results {
@@ -676,7 +675,7 @@ impl PartitionReleaser {
             .collect();
         self.events_sent
             .retain(|key, at| waiting.contains(key) && *at + interval > now);
-        let policy = self.state.policy();
+        let policy = self.ctx.policy();
         let mut events = Vec::new();
         for w in &plan.waiting {
             if events.len() >= MAX_EVENTS_PER_ROUND {
@@ -738,7 +737,7 @@ impl PartitionReleaser {
         leadership: &Leadership,
     ) {
         let client = self.client.clone();
-        let metrics = self.state.metrics.clone();
+        let metrics = self.ctx.metrics.clone();
         let identity = self.identity.clone();
         futures::stream::iter(events)
             .for_each_concurrent(CONCURRENCY, |(regarding, reason, note)| {
@@ -768,7 +767,7 @@ impl PartitionReleaser {
     }
 
     fn publish_gauges(&mut self, policy: &Policy, plan: &StepPlan) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.ctx.metrics;
         let label = |name: &str| {
             if name.is_empty() {
                 NO_RULE.to_string()
@@ -811,7 +810,7 @@ impl PartitionReleaser {
 
     /// Only the leader reports held sets; a follower's gauges would be stale.
     pub(super) fn clear_gauges(&mut self) {
-        let metrics = &self.state.metrics;
+        let metrics = &self.ctx.metrics;
         for rule in self.gauge_rules.drain() {
             let _ = metrics.partition_held.remove_label_values(&[&rule]);
             let _ = metrics.partition_not_ready.remove_label_values(&[&rule]);

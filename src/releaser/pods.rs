@@ -2,23 +2,15 @@
 //! Pure: a Pod object in, plan inputs or a patch out.
 
 use super::plan::{QueuedPod, ReleasedPod};
-use crate::admission::{ADMITTED_BY_ANNOTATION, GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME};
 use crate::limiter::Millis;
-use json_patch::{
-    AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation, TestOperation,
+use crate::names::{
+    escape, format_time, millis, parse_time, pointer, test, ADMITTED_BY_ANNOTATION,
+    GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME, LABEL_GATED, LABEL_RELEASED,
+    RELEASED_AT_ANNOTATION,
 };
-use jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
-use serde_json::{json, Value};
-
-/// Annotation with the time churn-throttler removed its gate (RFC 3339, milliseconds):
-/// the record window seeding rebuilds the windows from.
-pub const RELEASED_AT_ANNOTATION: &str = "churn-throttler.io/released-at";
-/// GATED_LABEL value while the pod carries the gate.
-pub const LABEL_GATED: &str = "true";
-/// GATED_LABEL value once released, until the pod is Ready and out of every window.
-pub const LABEL_RELEASED: &str = "released";
+use serde_json::json;
 
 /// How the releaser sees one labelled pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,38 +108,6 @@ fn is_settled(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn millis(t: Timestamp) -> Millis {
-    u64::try_from(t.as_millisecond()).unwrap_or(0)
-}
-
-/// RFC 3339 in UTC with milliseconds, e.g. 2026-01-02T03:04:05.678Z.
-pub fn format_time(at: Millis) -> String {
-    let at = i64::try_from(at).unwrap_or(i64::MAX);
-    match Timestamp::from_millisecond(at) {
-        Ok(t) => format!("{t:.3}"),
-        Err(_) => format!("{:.3}", Timestamp::UNIX_EPOCH),
-    }
-}
-
-pub fn parse_time(text: &str) -> Option<Millis> {
-    text.trim().parse::<Timestamp>().ok().map(millis)
-}
-
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
-}
-
-fn pointer(path: &str) -> PointerBuf {
-    PointerBuf::parse(path).unwrap_or_default()
-}
-
-fn test(path: &str, value: Value) -> PatchOperation {
-    PatchOperation::Test(TestOperation {
-        path: pointer(path),
-        value,
-    })
-}
-
 fn annotation_ops(has_annotations: bool, at: Millis) -> PatchOperation {
     if has_annotations {
         PatchOperation::Add(AddOperation {
@@ -221,6 +181,7 @@ pub fn unlabel_patch() -> Patch {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
+    use serde_json::Value;
 
     fn pod(value: Value) -> Pod {
         serde_json::from_value(value).expect("pod json")
@@ -409,5 +370,49 @@ mod tests {
         assert!(doc["metadata"]["labels"].get(GATED_LABEL).is_none());
         let p = gated(json!([]), "true");
         assert!(apply(&p, &unlabel_patch()).is_err());
+    }
+
+    /// A pod the webhook admitted at once under a gate rule, with the patch
+    /// `admission::mark_admission` gives it, reads back as released by that process.
+    #[test]
+    fn a_pod_the_webhook_marked_reads_as_released() {
+        use crate::admission::{decide, mark_admission, Endpoint, Verdict};
+        use crate::limiter::Limiter;
+        use crate::policy::Policy;
+        use kube::core::admission::{AdmissionRequest, AdmissionReview};
+        use kube::core::DynamicObject;
+
+        let policy = Policy::from_yaml(
+            "rules:\n  - name: creates\n    match: { resources: [pods], operations: [CREATE] }\n    limit: { events: 2, burst: 2, window: 10s }\n    action: gate\n",
+            "test",
+        )
+        .expect("policy");
+        let path = format!(
+            "{}/tests/fixtures/pod-create-statefulset.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        let review: AdmissionReview<DynamicObject> = serde_json::from_str(&text).expect("review");
+        let req: AdmissionRequest<DynamicObject> = review.try_into().expect("request");
+        let now = 1_767_225_600_000;
+        let decision = decide(
+            &req,
+            Endpoint::Mutate,
+            &policy,
+            &mut Limiter::new(1_000),
+            now,
+        );
+        let decision = mark_admission(&req, decision, &policy, now, "replica-a/1");
+        let Verdict::AdmitMarked { patch } = &decision.verdict else {
+            panic!("not marked: {:?}", decision.verdict)
+        };
+        let mut doc = serde_json::to_value(req.object.as_ref().expect("object")).expect("json");
+        json_patch::patch(&mut doc, patch).expect("applies");
+        let View::Released(released) = view(&pod(doc)) else {
+            panic!("not seen as released")
+        };
+        assert_eq!(released.released_at, Some(now));
+        assert_eq!(released.admitted_by.as_deref(), Some("replica-a/1"));
+        assert_eq!(released.rule, "creates");
     }
 }

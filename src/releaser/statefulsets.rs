@@ -2,17 +2,16 @@
 //! released) and the JSON patches it writes back. Pure: objects in, plan inputs or a patch out.
 
 use super::partition_plan::{HeldSet, Record, Released};
-use super::pods::{format_time, parse_time};
-use crate::admission::{
-    PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION,
-    PARTITION_STEPPED_AT_ANNOTATION, PARTITION_TARGET_ANNOTATION,
-};
 use crate::limiter::Millis;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
-use jsonptr::PointerBuf;
+use crate::names::{
+    add, annotation_path, format_times, parse_time, parse_times, pointer, PACED_BY_ANNOTATION,
+    PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION, PARTITION_STEPPED_AT_ANNOTATION,
+    PARTITION_TARGET_ANNOTATION,
+};
+use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 
 /// The label the StatefulSet controller puts on each pod: the revision it was made from.
@@ -171,43 +170,10 @@ pub fn pod_progress(pod: &Pod, update_revision: &str) -> PodProgress {
     }
 }
 
-pub fn parse_times(text: &str) -> Vec<Millis> {
-    let mut times: Vec<Millis> = text.split(',').filter_map(parse_time).collect();
-    times.sort_unstable();
-    times
-}
-
-pub fn format_times(times: &[Millis]) -> String {
-    times
-        .iter()
-        .map(|&t| format_time(t))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
-}
-
-fn pointer(path: &str) -> PointerBuf {
-    PointerBuf::parse(path).unwrap_or_default()
-}
-
-fn annotation_path(key: &str) -> String {
-    format!("/metadata/annotations/{}", escape(key))
-}
-
 fn test_version(resource_version: &str) -> PatchOperation {
     PatchOperation::Test(TestOperation {
         path: pointer("/metadata/resourceVersion"),
         value: json!(resource_version),
-    })
-}
-
-fn add(path: &str, value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
-        path: pointer(path),
-        value,
     })
 }
 
@@ -312,6 +278,7 @@ pub fn cleanup_patch(resource_version: &str, annotations: &BTreeMap<String, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn sts(annotations: Value, spec_extra: Value, status: Value) -> StatefulSet {
         let mut spec = json!({

@@ -1,12 +1,13 @@
 //! The /validate and /mutate handlers: guards, decoding, the decision, holds, metrics.
 
 use super::pods::Check;
-use super::state::{now_millis, AppState};
+use super::state::AppState;
 use crate::admission::{
     classify, decide, mark_admission, respond, Classified, Decision, Endpoint, PassReason, Verdict,
 };
 use crate::limiter::{Ask, Identity, Millis};
 use crate::policy::{Limit, Policy};
+use crate::shared::now_millis;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};

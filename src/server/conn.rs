@@ -89,7 +89,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = crate::server::stopped(&mut shutdown) => break,
+            _ = crate::shared::stopped(&mut shutdown) => break,
         };
         // Beyond the cap: closed at once, which frees its descriptor for the probes.
         let Ok(slot) = slots.clone().try_acquire_owned() else {

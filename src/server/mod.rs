@@ -102,12 +102,6 @@ pub async fn serve_tls(
     .await
 }
 
-/// Resolves once the shutdown signal is set (or its sender is gone).
-pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    // The guard `wait_for` returns is not Send; drop it before the caller awaits on.
-    let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
-}
-
 pub async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await

@@ -190,7 +190,7 @@ pub async fn run(state: Arc<AppState>, try_once: bool, mut shutdown: watch::Rece
         );
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = crate::server::stopped(&mut shutdown) => return,
+            _ = crate::shared::stopped(&mut shutdown) => return,
         }
         delay = (delay * 2).min(Duration::from_secs(60));
     };
@@ -236,7 +236,7 @@ pub async fn run(state: Arc<AppState>, try_once: bool, mut shutdown: watch::Rece
                 }
                 None => return,
             },
-            _ = crate::server::stopped(&mut shutdown) => return,
+            _ = crate::shared::stopped(&mut shutdown) => return,
         }
     }
 }

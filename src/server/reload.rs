@@ -111,7 +111,7 @@ pub async fn poll(
             _ = ticker.tick() => {}
             // SIGHUP: check both files now rather than at the next tick.
             _ = reload_now.notified() => {}
-            _ = crate::server::stopped(&mut shutdown) => return,
+            _ = crate::shared::stopped(&mut shutdown) => return,
         }
         if let Some(files) = &cert_files {
             match reload_cert(files, &mut last_cert, &state) {

@@ -1,21 +1,21 @@
 //! Shared state of the server: the policy in force, the limiter, metrics and readiness.
 
-use crate::budget::{scale_policy, share_at, GateRole, Share, ShareHistory};
+use crate::budget::{scale_policy, GateRole, Share};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::releaser::lease::Leadership;
+use crate::shared::{now_millis, BudgetCell, LimiterCell, PolicyCell, ReleaserRole, RoleCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 pub struct AppState {
-    policy: RwLock<Arc<Policy>>,
-    limiter: Mutex<Limiter>,
-    budget: Mutex<Budget>,
+    policy: Arc<PolicyCell>,
+    limiter: Arc<LimiterCell>,
+    budget: Arc<BudgetCell>,
     /// The policy scaled by the share last asked for, and what it was made from.
     scaled: Mutex<Option<Scaled>>,
-    releaser: Mutex<ReleaserRole>,
+    releaser: Arc<RoleCell>,
     pub metrics: Arc<Metrics>,
     tls_up: AtomicBool,
     shutting_down: AtomicBool,
@@ -36,19 +36,18 @@ impl AppState {
     pub fn new(policy: Policy, metrics: Arc<Metrics>, max_body_bytes: usize) -> Arc<AppState> {
         let limiter = Limiter::new(policy.max_buckets);
         let state = Arc::new(AppState {
-            policy: RwLock::new(Arc::new(policy)),
-            limiter: Mutex::new(limiter),
-            budget: Mutex::new(Budget::default()),
+            policy: Arc::new(PolicyCell::new(policy)),
+            limiter: Arc::new(LimiterCell::new(limiter)),
+            budget: Arc::default(),
             scaled: Mutex::new(None),
-            releaser: Mutex::new(ReleaserRole::Off),
+            releaser: Arc::default(),
             metrics,
             tls_up: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             max_body_bytes,
             instance: format!(
                 "{}/{}",
-                crate::releaser::hostname()
-                    .unwrap_or_else(|| format!("pid-{}", std::process::id())),
+                crate::shared::hostname().unwrap_or_else(|| format!("pid-{}", std::process::id())),
                 now_millis()
             ),
             body_read_timeout_ms: AtomicU64::new(10_000),
@@ -89,20 +88,31 @@ impl AppState {
     }
 
     pub fn policy(&self) -> Arc<Policy> {
-        match self.policy.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.policy.get()
+    }
+
+    /// The cells the shells share with the server, for `serve` to hand out.
+    pub fn policy_cell(&self) -> Arc<PolicyCell> {
+        self.policy.clone()
+    }
+
+    pub fn limiter_cell(&self) -> Arc<LimiterCell> {
+        self.limiter.clone()
+    }
+
+    pub fn budget_cell(&self) -> Arc<BudgetCell> {
+        self.budget.clone()
+    }
+
+    pub fn releaser_role(&self) -> Arc<RoleCell> {
+        self.releaser.clone()
     }
 
     /// Swaps in a new policy. Limiter state is kept: buckets are keyed by rule name,
     /// so a reload never opens a burst for a rule that stays.
     pub fn set_policy(&self, policy: Policy) {
         self.limiter().set_max_buckets(policy.max_buckets);
-        match self.policy.write() {
-            Ok(mut guard) => *guard = Arc::new(policy),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
-        }
+        self.policy.set(policy);
         self.publish_policy_gauges();
     }
 
@@ -161,92 +171,32 @@ impl AppState {
 
     /// Turns the global budget on: until the first count, the fallback share applies.
     pub fn enable_budget(&self, max_replicas: u32, lease: Duration) {
-        let mut budget = lock(&self.budget);
-        budget.enabled = true;
-        budget.max_replicas = max_replicas;
-        budget.lease = lease;
-        // What this replica's predecessor admitted is unknown: one window of warm-up.
-        budget.history = ShareHistory::default();
-        let hold = Millis::MAX;
-        let now = Instant::now()
-            .saturating_duration_since(budget.origin)
-            .as_millis() as Millis;
-        budget.history.push(now, Share::WarmingUp, hold);
-        drop(budget);
+        self.budget.enable(max_replicas, lease);
         self.publish_budget();
     }
 
-    /// No cluster to coordinate through: the whole of every limit.
-    pub fn set_budget_off(&self) {
-        lock(&self.budget).enabled = false;
-        self.publish_budget();
-    }
-
-    /// A successful renewal and listing at `at` counted `replicas` live replicas.
-    pub fn set_budget_contact(&self, at: tokio::time::Instant, replicas: u32) {
-        lock(&self.budget).contact = Some((at.into_std(), replicas));
-    }
-
-    /// This replica's share of the global budget right now: the smallest of the last
-    /// longest window (plus a renewal), so shares grow late and shrink at once.
+    /// This replica's share of the global budget right now (`BudgetCell::share`).
     pub fn share(&self) -> Share {
-        let hold = self.policy().longest_window() + Duration::from_secs(2);
-        let mut guard = lock(&self.budget);
-        let budget = &mut *guard;
-        if !budget.enabled {
-            return Share::Whole;
-        }
-        let origin = budget.origin;
-        let ms = |at: Instant| at.saturating_duration_since(origin).as_millis() as Millis;
-        let now = ms(Instant::now());
-        let computed = share_at(
-            budget.contact.map(|(at, n)| (ms(at), n)),
-            now,
-            budget.lease.as_millis() as Millis,
-            budget.max_replicas,
-        );
-        budget
-            .history
-            .push(now, computed, hold.as_millis() as Millis)
+        self.budget.share(&self.policy())
     }
 
     pub fn publish_budget(&self) {
-        let share = self.share();
-        let divisor = match share {
-            Share::WarmingUp => 0,
-            other => i64::from(other.divisor()),
-        };
-        self.metrics.budget_replicas.set(divisor);
-        self.metrics
-            .budget_fallback
-            .set(i64::from(share.is_fallback()));
+        self.budget.publish(&self.policy(), &self.metrics);
     }
 
     /// The releaser runs in this process (its leadership follows once it has a client).
     pub fn set_releaser_starting(&self) {
-        *lock(&self.releaser) = ReleaserRole::Starting;
-    }
-
-    pub fn set_releaser_leadership(&self, leadership: Leadership) {
-        *lock(&self.releaser) = ReleaserRole::Running(leadership);
+        self.releaser.set(ReleaserRole::Starting);
     }
 
     fn gate_role(&self) -> GateRole {
-        match &*lock(&self.releaser) {
-            ReleaserRole::Off => GateRole::NoReleaser,
-            ReleaserRole::Starting => GateRole::Follower,
-            ReleaserRole::Running(l) if l.is_leader() => GateRole::Leader,
-            ReleaserRole::Running(_) => GateRole::Follower,
-        }
+        self.releaser.gate_role()
     }
 
     /// The limiter; a panic while it was held leaves consistent data (each call
     /// finishes its bookkeeping before returning), so a poisoned lock is taken over.
     pub fn limiter(&self) -> MutexGuard<'_, Limiter> {
-        match self.limiter.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        self.limiter.lock()
     }
 
     pub fn set_tls_up(&self) {
@@ -287,40 +237,11 @@ impl AppState {
     }
 }
 
-struct Budget {
-    enabled: bool,
-    max_replicas: u32,
-    lease: Duration,
-    /// When the replica Leases were last renewed and listed, and how many were live.
-    contact: Option<(Instant, u32)>,
-    history: ShareHistory,
-    origin: Instant,
-}
-
-impl Default for Budget {
-    fn default() -> Budget {
-        Budget {
-            enabled: false,
-            max_replicas: 3,
-            lease: Duration::from_secs(10),
-            contact: None,
-            history: ShareHistory::default(),
-            origin: Instant::now(),
-        }
-    }
-}
-
 struct Scaled {
     source: Arc<Policy>,
     share: Share,
     role: GateRole,
     policy: Arc<Policy>,
-}
-
-enum ReleaserRole {
-    Off,
-    Starting,
-    Running(Leadership),
 }
 
 /// Small bookkeeping locks: a panic cannot leave them half-written, so take poisoned ones over.
@@ -344,12 +265,4 @@ pub fn longest_hold(policy: &Policy) -> Duration {
         .map(|r| r.max_hold.unwrap_or(Duration::ZERO).max(margin))
         .max()
         .map_or(Duration::ZERO, |hold| hold.min(policy.server_deadline()))
-}
-
-/// Wall-clock milliseconds since the Unix epoch: the `now` the pure core receives.
-pub fn now_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
 }

@@ -1,0 +1,264 @@
+//! The handles the HTTP server and the shells (releasers, budget lease) share, kept below
+//! all of them so none imports another: the shutdown signal, the wall clock, this
+//! process's host name, the releaser's leadership, and the cells holding the policy in
+//! force, the limiter, the releaser's role and the global budget's count. `serve` makes
+//! them and hands each part only the ones it uses.
+
+use crate::budget::{share_at, GateRole, Share, ShareHistory};
+use crate::limiter::{Limiter, Millis};
+use crate::metrics::Metrics;
+use crate::policy::Policy;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// Resolves once the shutdown signal is set (or its sender is gone).
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not Send; drop it before the caller awaits on.
+    let _ = shutdown.wait_for(|stop| *stop).await.map(|_| ());
+}
+
+/// Wall-clock milliseconds since the Unix epoch: the `now` the pure core receives.
+pub fn now_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+/// The host name, as the kernel has it (no extra crate for one file read).
+pub fn hostname() -> Option<String> {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+}
+
+/// Who leads, as this replica knows it: `Some(deadline)` while it holds the lease.
+#[derive(Clone)]
+pub struct Leadership {
+    rx: watch::Receiver<Option<tokio::time::Instant>>,
+}
+
+impl Leadership {
+    pub fn new(rx: watch::Receiver<Option<tokio::time::Instant>>) -> Leadership {
+        Leadership { rx }
+    }
+
+    /// True only until the current term's deadline, even if the lease loop is stuck.
+    pub fn is_leader(&self) -> bool {
+        self.rx
+            .borrow()
+            .is_some_and(|until| tokio::time::Instant::now() < until)
+    }
+
+    /// Resolves once this replica leads (false: the lease loop ended).
+    pub async fn acquired(&mut self) -> bool {
+        loop {
+            if self.is_leader() {
+                return true;
+            }
+            if self.rx.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Resolves when the term ends: the deadline passes unrenewed, or the lease is lost.
+    pub async fn lost(&mut self) {
+        loop {
+            let until = *self.rx.borrow_and_update();
+            let Some(until) = until else {
+                return;
+            };
+            if tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => {
+                    if *self.rx.borrow() == Some(until) {
+                        return;
+                    }
+                }
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The policy in force (unscaled); swapped whole on a reload.
+pub struct PolicyCell(RwLock<Arc<Policy>>);
+
+impl PolicyCell {
+    pub fn new(policy: Policy) -> PolicyCell {
+        PolicyCell(RwLock::new(Arc::new(policy)))
+    }
+
+    pub fn get(&self) -> Arc<Policy> {
+        match self.0.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, policy: Policy) {
+        match self.0.write() {
+            Ok(mut guard) => *guard = Arc::new(policy),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
+        }
+    }
+}
+
+/// The limiter the webhook and the gate releaser charge together.
+pub struct LimiterCell(Mutex<Limiter>);
+
+impl LimiterCell {
+    pub fn new(limiter: Limiter) -> LimiterCell {
+        LimiterCell(Mutex::new(limiter))
+    }
+
+    /// The limiter; a panic while it was held leaves consistent data (each call
+    /// finishes its bookkeeping before returning), so a poisoned lock is taken over.
+    pub fn lock(&self) -> MutexGuard<'_, Limiter> {
+        match self.0.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// Whether the releaser runs in this process and, once it has a client, whether it leads.
+pub enum ReleaserRole {
+    Off,
+    Starting,
+    Running(Leadership),
+}
+
+pub struct RoleCell(Mutex<ReleaserRole>);
+
+impl Default for RoleCell {
+    fn default() -> RoleCell {
+        RoleCell(Mutex::new(ReleaserRole::Off))
+    }
+}
+
+impl RoleCell {
+    pub fn set(&self, role: ReleaserRole) {
+        *lock(&self.0) = role;
+    }
+
+    /// The releaser's part in the global budget's split of gate rules.
+    pub fn gate_role(&self) -> GateRole {
+        match &*lock(&self.0) {
+            ReleaserRole::Off => GateRole::NoReleaser,
+            ReleaserRole::Starting => GateRole::Follower,
+            ReleaserRole::Running(l) if l.is_leader() => GateRole::Leader,
+            ReleaserRole::Running(_) => GateRole::Follower,
+        }
+    }
+}
+
+/// The global budget's count of replicas, as the budget lease last saw it, and the
+/// shares handed out since (src/budget).
+#[derive(Default)]
+pub struct BudgetCell(Mutex<Budget>);
+
+impl BudgetCell {
+    /// Turns the global budget on: until the first count, the fallback share applies.
+    pub fn enable(&self, max_replicas: u32, lease: Duration) {
+        let mut budget = lock(&self.0);
+        budget.enabled = true;
+        budget.max_replicas = max_replicas;
+        budget.lease = lease;
+        // What this replica's predecessor admitted is unknown: one window of warm-up.
+        budget.history = ShareHistory::default();
+        let hold = Millis::MAX;
+        let now = Instant::now()
+            .saturating_duration_since(budget.origin)
+            .as_millis() as Millis;
+        budget.history.push(now, Share::WarmingUp, hold);
+    }
+
+    /// No cluster to coordinate through: the whole of every limit.
+    pub fn set_off(&self) {
+        lock(&self.0).enabled = false;
+    }
+
+    /// A successful renewal and listing at `at` counted `replicas` live replicas.
+    pub fn set_contact(&self, at: tokio::time::Instant, replicas: u32) {
+        lock(&self.0).contact = Some((at.into_std(), replicas));
+    }
+
+    /// This replica's share of the global budget right now under `policy`: the smallest
+    /// of the last longest window (plus a renewal), so shares grow late and shrink at once.
+    pub fn share(&self, policy: &Policy) -> Share {
+        let hold = policy.longest_window() + Duration::from_secs(2);
+        let mut guard = lock(&self.0);
+        let budget = &mut *guard;
+        if !budget.enabled {
+            return Share::Whole;
+        }
+        let origin = budget.origin;
+        let ms = |at: Instant| at.saturating_duration_since(origin).as_millis() as Millis;
+        let now = ms(Instant::now());
+        let computed = share_at(
+            budget.contact.map(|(at, n)| (ms(at), n)),
+            now,
+            budget.lease.as_millis() as Millis,
+            budget.max_replicas,
+        );
+        budget
+            .history
+            .push(now, computed, hold.as_millis() as Millis)
+    }
+
+    /// Publishes the share under `policy` as the budget gauges.
+    pub fn publish(&self, policy: &Policy, metrics: &Metrics) {
+        let share = self.share(policy);
+        let divisor = match share {
+            Share::WarmingUp => 0,
+            other => i64::from(other.divisor()),
+        };
+        metrics.budget_replicas.set(divisor);
+        metrics.budget_fallback.set(i64::from(share.is_fallback()));
+    }
+}
+
+struct Budget {
+    enabled: bool,
+    max_replicas: u32,
+    lease: Duration,
+    /// When the replica Leases were last renewed and listed, and how many were live.
+    contact: Option<(Instant, u32)>,
+    history: ShareHistory,
+    origin: Instant,
+}
+
+impl Default for Budget {
+    fn default() -> Budget {
+        Budget {
+            enabled: false,
+            max_replicas: 3,
+            lease: Duration::from_secs(10),
+            contact: None,
+            history: ShareHistory::default(),
+            origin: Instant::now(),
+        }
+    }
+}
+
+/// Small bookkeeping locks: a panic cannot leave them half-written, so take poisoned ones over.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
