@@ -233,10 +233,10 @@ fn demo_shows_holds_429s_and_the_spacing_then_stops() {
     for i in 0..times.len() {
         for j in i..times.len() {
             let spacings = ((times[j] - times[i] + 0.050) / 0.525).floor() as usize;
+            let run = j - i + 1;
             assert!(
-                j - i + 1 <= 2 + spacings,
-                "{} admissions between {}s and {}s: {text}",
-                j - i + 1,
+                run <= 2 + spacings,
+                "{run} admissions between {}s and {}s: {text}",
                 times[i],
                 times[j]
             );
