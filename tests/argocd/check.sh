@@ -79,6 +79,13 @@ rm -f "$stripped"
   && ok "the same held object seen by the built-in logic alone is Healthy ($(cut -f4- <<<"$line"))" \
   || bad "built-in logic on the held object: $line"
 
+# docs/partition.md shows the script: the same text as the file.
+python3 -c '
+import sys
+doc, lua = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+sys.exit(0 if "```lua\n" + lua + "```" in doc else 1)' docs/partition.md "$SCRIPT" \
+  && ok "docs/partition.md shows $SCRIPT as it is" || bad "docs/partition.md and $SCRIPT differ"
+
 # Bad input: a clear error, non-zero.
 if err="$(lua5.4 "$HARNESS" "$SCRIPT" /nonexistent.json 2>&1)"; then
   bad "a missing file was accepted: $err"
