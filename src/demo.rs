@@ -28,8 +28,10 @@ const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.j
 /// The default policy's rule that paces these deletions.
 const RULE: &str = "controller-deletes";
 
-/// Retries of one pod after 429 at most, so the demo ends whatever the answers.
-const MAX_ATTEMPTS: u32 = 20;
+/// Tries of one pod beyond `--count`, so the demo ends whatever the answers: every retry
+/// waits at least 1 s, and the last pod's slot is about `count` spacings away (a pod
+/// whose namespace holds its share of future slots is told 1 s until one frees).
+const EXTRA_ATTEMPTS: u32 = 20;
 
 /// How late an answer may reach the client after its slot and still count as on time
 /// when the summary checks the spacing (the answer's trip over loopback).
@@ -234,9 +236,10 @@ async fn play(args: &DemoArgs, limit: &Limit, dir: PathBuf) -> anyhow::Result<()
         let review = review_for(&sample, i)?;
         let pod = pod_name(i);
         let send_at = start + args.interval * i;
+        let max_attempts = args.count + EXTRA_ATTEMPTS;
         tokio::spawn(async move {
             tokio::time::sleep_until(send_at.into()).await;
-            for attempt in 1..=MAX_ATTEMPTS {
+            for attempt in 1..=max_attempts {
                 let sent = Instant::now();
                 let answer = match send(addr, &connector, &review).await {
                     Ok(answer) => answer,
@@ -264,7 +267,7 @@ async fn play(args: &DemoArgs, limit: &Limit, dir: PathBuf) -> anyhow::Result<()
                 }
             }
             let _ = tx.send(Err(anyhow::anyhow!(
-                "{pod}: still 429 after {MAX_ATTEMPTS} tries"
+                "{pod}: still 429 after {max_attempts} tries"
             )));
         });
     }
