@@ -28,6 +28,9 @@ pub enum Command {
     DefaultPolicy,
     /// Simulate a mass rollout under each action, over the same limiter and decision code.
     Simulate(Box<crate::simulate::SimulateArgs>),
+    /// Show the pacing without a cluster: start the webhook here on 127.0.0.1 with the
+    /// built-in policy, delete distinct pods as a ReplicaSet controller, print each answer.
+    Demo(crate::demo::DemoArgs),
 }
 
 #[derive(Args, Debug, Clone)]

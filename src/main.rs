@@ -16,6 +16,13 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Demo(args) => match churn_throttler::demo::main(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("churn-throttler demo: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::DefaultPolicy => {
             print!("{DEFAULT_POLICY_YAML}");
             ExitCode::SUCCESS

@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// A sample review for the --dev curl line: a running pod DELETE by the ReplicaSet controller,
-/// which the default policy paces (send it 25 times to see a hold, then a 429).
+/// which the default policy paces. Repeats of it name the same pod, whose admitted deletion
+/// is not charged again: `demo` shows the pacing with distinct pods.
 const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.json");
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -372,7 +373,7 @@ fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
     let ca = dir.join("ca.crt");
     let sample = dir.join("sample-review.json");
     println!("churn-throttler --dev: CA written to {}", ca.display());
-    println!("Send a sample review (a ReplicaSet controller deleting a running pod; repeat it to see pacing):");
+    println!("Send a sample review (a ReplicaSet controller deleting a running pod):");
     println!(
         "  curl --cacert {} -H 'Content-Type: application/json' --data @{} https://localhost:{}/validate",
         ca.display(),
@@ -380,6 +381,8 @@ fn print_dev_help(dir: &Path, tls: SocketAddr, metrics: SocketAddr) {
         tls.port()
     );
     println!("Metrics: curl http://{metrics}/metrics    Readiness: curl http://{metrics}/readyz");
+    // Repeating the curl line repeats one pod's deletion, charged once: it shows no pacing.
+    println!("To see the pacing (20 per 10 s, spaced): churn-throttler demo (its own webhook, distinct pods, stops by itself)");
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The binary's commands as a user runs them: check-config and default-policy.
+//! The binary's commands as a user runs them: check-config, default-policy, serve --dev, demo.
 
 use std::process::Command;
 
@@ -111,13 +111,17 @@ fn serve_dev_answers_and_stops_cleanly_on_sigterm() {
     let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
     let lines: Vec<String> = BufReader::new(stdout)
         .lines()
-        .take(4)
+        .take(5)
         .map_while(Result::ok)
         .collect();
     let text = lines.join("\n");
     assert!(
         text.contains("curl --cacert") && text.contains("/validate"),
         "{text}"
+    );
+    assert!(
+        text.contains("churn-throttler demo"),
+        "points to the demo: {text}"
     );
     assert!(dir.path().join("ca.crt").exists() && dir.path().join("sample-review.json").exists());
     let metrics = text
@@ -156,4 +160,95 @@ fn serve_dev_answers_and_stops_cleanly_on_sigterm() {
         panic!("serve did not stop within 10 s of SIGTERM")
     });
     assert!(status.success(), "exit status {status}");
+}
+
+/// `demo` with a small count: it ends by itself, every pod is admitted once, the answers
+/// include an admission at once, a hold and a 429 (10 deletions sent 100 ms apart against
+/// 2 at once then one per 525 ms: the 7th waits past maxHold 2 s), and the admissions never
+/// come more than the burst at once beyond the spacing, recomputed here from the lines.
+#[test]
+fn demo_shows_holds_429s_and_the_spacing_then_stops() {
+    let mut child = binary()
+        .args(["demo", "--count", "10", "--interval", "100ms"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Bounded: 10 pods at one per 525 ms plus Retry-After waits end well within this.
+    let mut status = None;
+    for _ in 0..600 {
+        if let Some(s) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("demo did not stop within 60 s");
+    };
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "   0.531s  web-5d9c7b8f6d-demo003  held 0.330s, allowed"
+    let mut admitted: Vec<(f64, String)> = Vec::new();
+    let (mut at_once, mut held, mut too_many) = (0, 0, 0);
+    for line in text.lines().filter(|l| l.contains("-demo")) {
+        let mut words = line.split_whitespace();
+        let at: f64 = words
+            .next()
+            .and_then(|w| w.trim_end_matches('s').parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line:?}"));
+        let pod = words.next().unwrap_or_else(|| panic!("no pod in {line:?}"));
+        let rest: Vec<&str> = words.collect();
+        match rest.first().copied() {
+            Some("allowed") => at_once += 1,
+            Some("held") => held += 1,
+            Some("429,") => {
+                too_many += 1;
+                assert!(line.contains("Retry-After"), "{line}");
+                continue;
+            }
+            _ => panic!("unexpected answer: {line:?}"),
+        }
+        admitted.push((at, pod.to_string()));
+    }
+    assert!(at_once >= 1 && held >= 1 && too_many >= 1, "{text}");
+    let mut pods: Vec<&str> = admitted.iter().map(|(_, p)| p.as_str()).collect();
+    pods.sort();
+    pods.dedup();
+    assert_eq!(pods.len(), 10, "each pod admitted once: {text}");
+    assert_eq!(admitted.len(), 10, "{text}");
+    // The spacing the policy keeps, at the answers: any run of consecutive admissions is at
+    // most 2 (the burst) plus the 525 ms spacings between its ends (50 ms for the answer's trip).
+    let times: Vec<f64> = {
+        let mut t: Vec<f64> = admitted.iter().map(|(t, _)| *t).collect();
+        t.sort_by(f64::total_cmp);
+        t
+    };
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let spacings = ((times[j] - times[i] + 0.050) / 0.525).floor() as usize;
+            let run = j - i + 1;
+            assert!(
+                run <= 2 + spacings,
+                "{run} admissions between {}s and {}s: {text}",
+                times[i],
+                times[j]
+            );
+        }
+    }
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("summary:"))
+        .unwrap_or_else(|| panic!("no summary: {text}"));
+    assert!(summary.contains("10 pods admitted"), "{summary}");
+    assert!(
+        summary.contains("at most 2 at once, else one per 0.525s"),
+        "{summary}"
+    );
 }

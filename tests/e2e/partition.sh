@@ -290,6 +290,7 @@ t_change=$(now_ms)
 k apply -f "$W/sts-2.yaml" >/dev/null
 say "changed $((STS + 2)) templates with one kubectl apply in $(( $(now_ms) - t_change )) ms"
 sts_json | py sts-state >"$W/held.txt"
+sts_json >"$W/argocd-held.json"   # for the Argo CD health check, below
 # Held by the webhook: one partition decision per labelled StatefulSet; right after the
 # apply, those not yet stepped through show target 0 and partition = partition-held.
 decisions() { # sum of decisions with this action over every replica's /metrics (last scrape for dead ones)
@@ -362,6 +363,7 @@ wait_for "the step records gone too (a window after the last step)" records_gone
 records_ms=$(( $(now_ms) - t_done ))
 ok "all $((STS + 2)) StatefulSets converged: updatedReplicas == readyReplicas == 3, partition 0, no churn-throttler annotation left (records gone $(secs "$records_ms") s after)"
 sts_json | py sts-state >"$W/final.txt"
+sts_json >"$W/argocd-final.json"
 
 for name in a2 b2; do keep_scrape "$name"; done
 sleep 1
@@ -425,6 +427,28 @@ leading_line="$(grep -m1 'windows from partition-stepped-at' "$W/replica-b2.log"
   || bad "the restarted leader's windows: $leading_line"
 python3 -c 'import json,sys; d=json.loads(sys.argv[1])["by_reason"]; sys.exit(0 if d.get("RolloutReleased", 0) >= 1 and d.get("Paced", 0) >= 1 else 1)' "$events_json" \
   && ok "Events on the StatefulSets (aggregated Paced, one RolloutReleased per rollout)" || bad "Events: $events_json"
+# The Argo CD health check of docs/partition.md (docs/argocd/statefulset-health.lua, run by
+# Debian's Lua through tests/argocd/check.sh) on these StatefulSets as the API server gave
+# them: right after the template change (held, and part-free rolling without a hold) and
+# once converged.
+if bash "$root/tests/argocd/check.sh" --print "$W/argocd-held.json" >"$W/argocd-held.txt" 2>"$W/argocd.err" \
+  && bash "$root/tests/argocd/check.sh" --print "$W/argocd-final.json" >"$W/argocd-final.txt" 2>>"$W/argocd.err"; then
+  held_n=$(awk -F'\t' '$3 == "held"' "$W/argocd-held.txt" | wc -l)
+  held_bad=$(awk -F'\t' '$3 == "held" && $2 != "Progressing"' "$W/argocd-held.txt" | wc -l)
+  (( held_n >= 1 && held_bad == 0 )) \
+    && ok "Argo CD health check: the $held_n StatefulSets held right after the change are Progressing ($(awk -F'\t' '$3 == "held" {print $4; exit}' "$W/argocd-held.txt"))" \
+    || bad "Argo CD health check while held: $held_n held, $held_bad not Progressing: $(head -3 "$W/argocd-held.txt")"
+  say "Argo CD health of part-free (rolling, not held) right after the change: $(grep '^part-free/' "$W/argocd-held.txt" | cut -f2,4)"
+  grep -q $'^part-free/db-0\t[A-Za-z]*\tfree\t' "$W/argocd-held.txt" && ok "Argo CD health check: the unlabelled rollout is not reported as held" \
+    || bad "part-free in the Argo CD check: $(grep '^part-free/' "$W/argocd-held.txt")"
+  final_n=$(wc -l <"$W/argocd-final.txt")
+  final_bad=$(awk -F'\t' '$2 != "Healthy"' "$W/argocd-final.txt" | wc -l)
+  (( final_n == STS + 2 && final_bad == 0 )) \
+    && ok "Argo CD health check: all $final_n StatefulSets Healthy once converged ($(head -1 "$W/argocd-final.txt" | cut -f4))" \
+    || bad "Argo CD health check once converged: $final_n objects, $final_bad not Healthy: $(awk -F'\t' '$2 != "Healthy"' "$W/argocd-final.txt" | head -3)"
+else
+  bad "tests/argocd/check.sh --print failed: $(tail -3 "$W/argocd.err")"
+fi
 say "logs and audit: $W (kept with PARTITION_E2E_KEEP=1)"
 echo "partition: $passed passed, $failed failed"
 (( failed == 0 ))
