@@ -565,13 +565,13 @@ fn three_replicas(steps: &[(usize, u64, usize)]) -> [usize; 3] {
 /// 0-59 ms (about 330 per 10 s window), skewed: replicas 0 and 1 get a random 1 to 7 tenths
 /// each, replica 2 the rest (at least one tenth: about 33 requests per window, 11 per rule,
 /// against shares of 6, 6 and 1), for 600 to 900 requests (about 18 to 27 s, two
-/// windows and more), over 24 namespaces, so that the per-namespace limit of deletes (5 per 10 s,
+/// windows and more), over 48 namespaces, so that the per-namespace limit of deletes (5 per 10 s,
 /// 1 per replica) does not bind before the global one (20, 6 per replica).
 fn saturating_load() -> impl Strategy<Value = Vec<(usize, u64, usize)>> {
     (1usize..8, 1usize..8).prop_flat_map(|(w0, w1)| {
         // Weights of replica 0 and 1 out of 10 (at most 9 together), the rest to replica 2.
         let w1 = w1.min(9 - w0.min(8));
-        proptest::collection::vec((0usize..10, 0u64..60, 0usize..24), 600..900).prop_map(
+        proptest::collection::vec((0usize..10, 0u64..60, 0usize..48), 600..900).prop_map(
             move |steps| {
                 steps
                     .into_iter()
