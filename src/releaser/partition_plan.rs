@@ -366,28 +366,8 @@ impl<'r> Windows<'r> {
             let window = limit.kept_window_ms();
             let events = limit.events as usize;
             let flying = self.in_flight[i].get(&key).copied().unwrap_or(0) as usize;
-            let mut seen: Vec<Millis> = self.seen[i]
-                .get(&key)
-                .map(|times| {
-                    times
-                        .iter()
-                        .map(|&t| t.min(now))
-                        .filter(|&t| t + window > now)
-                        .collect()
-                })
-                .unwrap_or_default();
-            seen.sort_unstable();
-            let mut taken: Vec<Millis> = self.taken[i]
-                .get(&key)
-                .map(|times| {
-                    times
-                        .iter()
-                        .map(|&t| t.min(now))
-                        .filter(|&t| t + window > now)
-                        .collect()
-                })
-                .unwrap_or_default();
-            taken.sort_unstable();
+            let seen = in_window(self.seen[i].get(&key), window, now);
+            let taken = in_window(self.taken[i].get(&key), window, now);
             let spaced = spaced_after(limit, &taken, now);
             if seen.len() + flying < events {
                 if spaced > now {
@@ -723,6 +703,22 @@ fn plan_rule(
             rule_pods,
         });
     }
+}
+
+/// The times of one bucket still inside a window at `now` (a time recorded ahead of
+/// `now`, from a clock that ran ahead, counts as now), earliest first.
+fn in_window(times: Option<&Vec<Millis>>, window: Millis, now: Millis) -> Vec<Millis> {
+    let mut recent: Vec<Millis> = times
+        .map(|times| {
+            times
+                .iter()
+                .map(|&t| t.min(now))
+                .filter(|&t| t + window > now)
+                .collect()
+        })
+        .unwrap_or_default();
+    recent.sort_unstable();
+    recent
 }
 
 #[cfg(test)]

@@ -34,8 +34,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The built-in policy with two test rules in front: a hold rule (5 per second, held up
-# to 3 s) and one slot per 4 s held up to 5 s, for the abandoned hold.
+# The built-in policy with three test rules in front: a hold rule (5 per second, held up
+# to 3 s), one slot per 4 s held up to 5 s, for the abandoned hold, and one event per
+# 10 s answered with 429 and Retry-After, for the throttled review whose uid is logged.
 "$CHURN_THROTTLER_BIN" default-policy | python3 -c '
 import sys
 text = sys.stdin.read()
@@ -50,6 +51,10 @@ rules = """rules:
     limit: { events: 1, window: 4s, scope: global }
     action: hold
     maxHold: 5s
+  - name: test-logs
+    match: { resources: [pods], operations: [DELETE], users: [system:serviceaccount:test:logs] }
+    limit: { events: 1, window: 10s, scope: global }
+    action: retry-after
 """
 print(text.replace("rules:\n", rules, 1), end="")' >"$W/policy.yaml"
 
@@ -97,7 +102,7 @@ hups="$(grep -c 'SIGHUP: re-reading the certificate and policy files' "$W/s1.log
 echo "log lines of SIGHUP handled: $hups"
 if (( hups == 1 )); then ok; else bad "SIGHUP not handled ($hups log lines)"; fi
 case_ abandoned-hold --timeout 4 --user system:serviceaccount:test:abandon
-case_ log-uid --count 25 --user system:serviceaccount:kube-system:replicaset-controller
+case_ log-uid --count 5 --user system:serviceaccount:test:logs
 # The forged uid as the log shows it: escaped, and no line of its own.
 sleep 0.5
 # NO_COLOR: the log has no escape sequence of its own, so any raw ESC came from a request.
