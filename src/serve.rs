@@ -6,7 +6,7 @@ use crate::policy::Policy;
 use crate::server::reload::{self, CertFiles};
 use crate::server::state::AppState;
 use crate::server::{self, certgen, tls};
-use crate::shared::now_millis;
+use crate::shared::{now_millis, KubeClient};
 use anyhow::{bail, Context};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -149,6 +149,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+    let kube = Arc::new(KubeClient::default());
     match args.pod_cache {
         Some(false) => tracing::info!(
             "pod cache off (--pod-cache=false): every pod DELETE and eviction is charged, whether the pod exists or not"
@@ -157,6 +158,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         wanted => {
             tasks.spawn(server::pods::run(
                 state.clone(),
+                kube.clone(),
                 args.dev && wanted.is_none(),
                 stop_rx.clone(),
             ));
@@ -171,6 +173,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
                 role: state.releaser_role(),
                 metrics: state.metrics.clone(),
                 instance: state.instance.clone(),
+                kube: kube.clone(),
             };
             tasks.spawn(crate::releaser::run(config, Arc::new(ctx), stop_rx.clone()));
         }
@@ -183,6 +186,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
                 budget: state.budget_cell(),
                 policy: state.policy_cell(),
                 metrics: state.metrics.clone(),
+                kube: kube.clone(),
             };
             tasks.spawn(crate::budget::lease::run(
                 config,

@@ -262,3 +262,49 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         Err(poisoned) => poisoned.into_inner(),
     }
 }
+
+/// The process's one Kubernetes client, from the standard places (in-cluster service
+/// account, KUBECONFIG, ~/.kube/config). The shells that need the API server (pod cache,
+/// releaser, budget lease) share it: one connection pool, one back-off.
+#[derive(Default)]
+pub struct KubeClient {
+    cell: tokio::sync::OnceCell<kube::Client>,
+}
+
+/// Back-off between tries while no usable configuration is found: 2 s doubling to 60 s.
+const CONNECT_FIRST_RETRY: Duration = Duration::from_secs(2);
+const CONNECT_LAST_RETRY: Duration = Duration::from_secs(60);
+
+impl KubeClient {
+    /// The client, or why none could be made now.
+    pub async fn try_get(&self) -> Result<kube::Client, String> {
+        self.cell
+            .get_or_try_init(|| async {
+                let config = kube::Config::infer().await.map_err(|e| e.to_string())?;
+                kube::Client::try_from(config).map_err(|e| e.to_string())
+            })
+            .await
+            .cloned()
+    }
+
+    /// The client, retried until found or until `shutdown` (None); `missing` says, with
+    /// the error, what goes without it meanwhile.
+    pub async fn get(
+        &self,
+        shutdown: &mut watch::Receiver<bool>,
+        missing: &str,
+    ) -> Option<kube::Client> {
+        let mut delay = CONNECT_FIRST_RETRY;
+        loop {
+            match self.try_get().await {
+                Ok(client) => return Some(client),
+                Err(why) => tracing::warn!(error = %why, retry_in = ?delay, "{missing}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped(shutdown) => return None,
+            }
+            delay = (delay * 2).min(CONNECT_LAST_RETRY);
+        }
+    }
+}

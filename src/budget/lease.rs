@@ -6,7 +6,7 @@ use super::{lease_name, PeerLease, Peers};
 use crate::metrics::Metrics;
 use crate::names::LEASE_LABEL;
 use crate::releaser::lease::{within, Failure};
-use crate::shared::{BudgetCell, PolicyCell};
+use crate::shared::{BudgetCell, KubeClient, PolicyCell};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
@@ -84,6 +84,8 @@ pub struct Context {
     pub budget: Arc<BudgetCell>,
     pub policy: Arc<PolicyCell>,
     pub metrics: Arc<Metrics>,
+    /// The process's Kubernetes client, shared with the other shells.
+    pub kube: Arc<KubeClient>,
 }
 
 impl Context {
@@ -94,7 +96,7 @@ impl Context {
 
 /// Runs until `shutdown`; then gives the Lease up so the others widen their share at once.
 pub async fn run(config: Config, state: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
-    let client = match connect(&config, &mut shutdown).await {
+    let client = match connect(&config, &state.kube, &mut shutdown).await {
         Connected::Client(client) => client,
         Connected::NoCluster => {
             state.budget.set_off();
@@ -162,30 +164,28 @@ enum Connected {
     Stopped,
 }
 
-async fn connect(config: &Config, shutdown: &mut watch::Receiver<bool>) -> Connected {
-    let mut delay = Duration::from_secs(2);
-    loop {
-        let why = match kube::Config::infer().await {
-            Ok(kube_config) => match Client::try_from(kube_config) {
-                Ok(client) => return Connected::Client(client),
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
+async fn connect(
+    config: &Config,
+    kube: &KubeClient,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Connected {
+    if !config.required {
+        return match kube.try_get().await {
+            Ok(client) => Connected::Client(client),
+            Err(why) => {
+                tracing::warn!(error = %why,
+                    "global budget off: no Kubernetes configuration (in-cluster service account, KUBECONFIG \
+                     or ~/.kube/config), so this replica enforces the whole of every limit. With several \
+                     replicas, give --replica-budget=true to insist");
+                Connected::NoCluster
+            }
         };
-        if !config.required {
-            tracing::warn!(error = %why,
-                "global budget off: no Kubernetes configuration (in-cluster service account, KUBECONFIG \
-                 or ~/.kube/config), so this replica enforces the whole of every limit. With several \
-                 replicas, give --replica-budget=true to insist");
-            return Connected::NoCluster;
-        }
-        tracing::warn!(error = %why,
-            "global budget: no usable Kubernetes configuration; enforcing the fallback share meanwhile");
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = crate::shared::stopped(shutdown) => return Connected::Stopped,
-        }
-        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+    let missing =
+        "global budget: no usable Kubernetes configuration; enforcing the fallback share meanwhile";
+    match kube.get(shutdown, missing).await {
+        Some(client) => Connected::Client(client),
+        None => Connected::Stopped,
     }
 }
 

@@ -7,45 +7,32 @@
 //! webhook's own limiter, so on the leading replica the pods the webhook admits
 //! ungated and the pods the releaser lifts share one window per rule.
 
-use super::lease::{self, within, LeaseConfig};
+use super::lease::{self, LeaseConfig};
 use super::partition::PartitionReleaser;
 use super::plan::{
     gate_rule, labels_to_drop, not_ready_by_rule, plan, seed, Blocked, Charged, Cursor, Inputs,
     Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
 };
 use super::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
+use super::shell::{
+    about, keep_all, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds,
+    RuleGauges, Target, MAX_EVENTS_PER_ROUND, NO_RULE,
+};
 use super::Context;
 use crate::limiter::Millis;
-use crate::names::{format_time, GATED_LABEL, GATE_NAME, REPORTING_CONTROLLER};
-use crate::policy::{format_duration, Policy};
-use crate::shared::{now_millis, Leadership, ReleaserRole};
-use futures::{StreamExt, TryStreamExt};
+use crate::names::{format_time, GATED_LABEL, GATE_NAME};
+use crate::policy::Policy;
+use crate::shared::{Leadership, ReleaserRole};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::Client;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{watch, Notify};
-
-/// Longest sleep between rounds when nothing is due (housekeeping, label drops).
-pub(super) const IDLE: Duration = Duration::from_secs(5);
-/// After a watch event, wait this long so a burst of events makes one round.
-pub(super) const DEBOUNCE: Duration = Duration::from_millis(50);
-/// Patches in flight at once.
-pub(super) const CONCURRENCY: usize = 8;
-/// Longest wait for one patch or Event: a hung connection must not stall a round.
-pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Events written per round at most, whatever the number of waiting namespaces.
-pub(super) const MAX_EVENTS_PER_ROUND: usize = 20;
-/// The label value used for pods whose rule is not in the policy, to keep labels bounded.
-pub(super) const NO_RULE: &str = "(none)";
+use tokio::sync::watch;
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -66,7 +53,10 @@ impl Config {
 /// Runs the releaser until `shutdown`: connects (retrying while there is no cluster),
 /// takes part in the election, and releases while it leads.
 pub async fn run(config: Config, ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>) {
-    let Some(client) = connect(&mut shutdown).await else {
+    let missing = "releaser: no usable Kubernetes configuration (in-cluster service account, KUBECONFIG or \
+                   ~/.kube/config); gated pods are not released until it is found. Turn the releaser off \
+                   with --releaser=false";
+    let Some(client) = ctx.kube.get(&mut shutdown, missing).await else {
         return;
     };
     tracing::info!(
@@ -119,281 +109,159 @@ pub async fn run(config: Config, ctx: Arc<Context>, mut shutdown: watch::Receive
     tracing::info!("releaser: stopped");
 }
 
-/// The client from the standard places (in-cluster account, KUBECONFIG, ~/.kube/config).
-async fn connect(shutdown: &mut watch::Receiver<bool>) -> Option<Client> {
-    let mut delay = Duration::from_secs(5);
-    loop {
-        let why = match kube::Config::infer().await {
-            Ok(config) => match Client::try_from(config) {
-                Ok(client) => return Some(client),
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        tracing::warn!(
-            error = %why,
-            retry_in = %format_duration(delay),
-            "releaser: no usable Kubernetes configuration (in-cluster service account, KUBECONFIG or \
-             ~/.kube/config); gated pods are not released until it is found. Turn the releaser off \
-             with --releaser=false"
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = crate::shared::stopped(shutdown) => return None,
-        }
-        delay = (delay * 2).min(Duration::from_secs(60));
-    }
-}
-
-/// A spawned task that is stopped when its handle goes out of scope.
-pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-/// Runs a reflecting watch stream in a task: every event wakes `changed`; errors are
-/// counted and logged (first, then at powers of two) while the stream backs off.
-pub(super) fn spawn_feed<S, E>(
-    stream: S,
-    changed: Arc<Notify>,
-    metrics: Arc<crate::metrics::Metrics>,
-    what: &'static str,
-) -> AbortOnDrop
-where
-    S: futures::Stream<Item = Result<E, watcher::Error>> + Send + 'static,
-{
-    AbortOnDrop(tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        let mut failures: u32 = 0;
-        loop {
-            match stream.try_next().await {
-                Ok(Some(_)) => {
-                    failures = 0;
-                    changed.notify_one();
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    failures += 1;
-                    metrics
-                        .releaser_api_errors
-                        .with_label_values(&["watch"])
-                        .inc();
-                    if failures == 1 || failures.is_power_of_two() {
-                        tracing::warn!(error = %e, failures, what,
-                            "releaser: listing or watching failed; retrying with back-off");
-                    }
-                }
-            }
-        }
-    }))
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A release that failed; the pod is retried once its resourceVersion changes or
-/// the back-off passes, so a pod the API server keeps refusing cannot eat the rate.
-struct Failed {
-    resource_version: String,
-    retry_at: Millis,
-    attempts: u32,
-}
-
 struct Releaser {
     client: Client,
     ctx: Arc<Context>,
-    identity: String,
-    event_interval: Millis,
     charged: Charged,
     cursor: Cursor,
-    failed: HashMap<String, Failed>,
-    events_sent: HashMap<(String, Arc<str>), Millis>,
-    gauge_rules: HashSet<String>,
+    failed: Backoffs,
+    throttle: EventThrottle,
+    events: EventWriter,
+    gauges: RuleGauges,
 }
 
 /// One pod to patch, with what the patch needs.
 struct Job {
-    namespace: String,
-    name: String,
-    uid: String,
-    resource_version: String,
-    patch: json_patch::Patch,
+    target: Target,
     rule: String,
     reason: &'static str,
     waited_ms: Millis,
 }
 
-enum Done {
-    Released,
-    Conflict,
-    Gone,
-    Error(String),
-    NotLeader,
-}
-
 impl Releaser {
     fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Releaser {
+        let metrics = &ctx.metrics;
+        let events = EventWriter::new(&client, config, "Gate", &metrics.gate_events, metrics);
+        let gauges = RuleGauges::new(vec![
+            metrics.gate_queue.clone(),
+            metrics.gate_not_ready.clone(),
+        ]);
         Releaser {
             client,
             ctx,
-            identity: config.lease.identity.clone(),
-            event_interval: config.event_interval.as_millis() as Millis,
             charged: Charged::default(),
             cursor: Cursor::default(),
-            failed: HashMap::new(),
-            events_sent: HashMap::new(),
-            gauge_rules: HashSet::new(),
+            failed: Backoffs::default(),
+            throttle: EventThrottle::new(config.event_interval),
+            events,
+            gauges,
         }
     }
 
-    /// One term as leader: rebuild from the cluster, then release until cancelled.
+    /// One term as leader: rebuild from the pods labelled gated, then release until cancelled.
     async fn term(&mut self, leadership: &Leadership) -> anyhow::Result<()> {
         let pods: Api<Pod> = Api::all(self.client.clone());
-        let (reader, writer) = reflector::store::<Pod>();
-        let changed = Arc::new(Notify::new());
-        let stream = watcher(pods.clone(), watcher::Config::default().labels(GATED_LABEL))
-            .default_backoff()
-            .reflect(writer);
-        let _feed = spawn_feed(
-            stream,
-            changed.clone(),
-            self.ctx.metrics.clone(),
+        let config = watcher::Config::default().labels(GATED_LABEL);
+        let metrics = self.ctx.metrics.clone();
+        run_term(
+            self,
+            pods,
+            config,
+            keep_all,
+            metrics,
             "gated pods",
-        );
-        // Nothing is released before the whole set of labelled pods has been listed.
-        reader.wait_until_ready().await?;
-        // Releases this process made in an earlier term are in the limiter already;
-        // anything else in the window is seeded from the annotations below.
-        self.failed.clear();
-        let mut first = true;
-        loop {
-            let now = now_millis();
-            let wake = self.round(&reader, leadership, now, first).await;
-            first = false;
-            let pause = wake
-                .map_or(IDLE, |at| {
-                    Duration::from_millis(at.saturating_sub(now_millis()))
-                })
-                .min(IDLE);
-            tokio::select! {
-                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
+            leadership,
+        )
+        .await
     }
 
-    /// Reads the store, plans, and applies the plan; returns when to look again.
-    async fn round(
-        &mut self,
-        reader: &Store<Pod>,
-        leadership: &Leadership,
-        now: Millis,
-        first: bool,
-    ) -> Option<Millis> {
-        let policy = self.ctx.policy();
-        let mut queue: Vec<QueuedPod> = Vec::new();
-        let mut gate_at: Vec<(usize, bool)> = Vec::new();
-        let mut ungated: Vec<(QueuedPod, bool)> = Vec::new();
-        let mut released: Vec<ReleasedPod> = Vec::new();
+    /// Sorts the labelled pods into gated, ungated by someone else and released; pods in
+    /// back-off after a refused patch sit the round out.
+    fn read(&mut self, reader: &Store<Pod>, now: Millis) -> Pods {
+        let mut pods = Pods::default();
         for object in reader.state() {
             let has_annotations = object.metadata.annotations.is_some();
             match view(&object) {
                 View::Queued { pod, gate_index } => {
-                    queue.push(pod);
-                    gate_at.push((gate_index, has_annotations));
+                    pods.queue.push(pod);
+                    pods.gate_at.push((gate_index, has_annotations));
                 }
-                View::UngatedElsewhere { pod } => ungated.push((pod, has_annotations)),
-                View::Released(pod) => released.push(pod),
+                View::UngatedElsewhere { pod } => pods.ungated.push((pod, has_annotations)),
+                View::Released(pod) => pods.released.push(pod),
                 View::Ignored => {}
             }
         }
-        // Pods in back-off after a refused patch sit this round out.
-        let live: HashMap<&str, &str> = queue
+        let live: HashMap<&str, &str> = pods
+            .queue
             .iter()
-            .chain(ungated.iter().map(|(p, _)| p))
+            .chain(pods.ungated.iter().map(|(p, _)| p))
             .map(|p| (p.uid.as_str(), p.resource_version.as_str()))
             .collect();
-        self.failed.retain(|uid, f| {
-            live.get(uid.as_str())
-                .is_some_and(|rv| *rv == f.resource_version)
-        });
-        let in_backoff = |uid: &str| self.failed.get(uid).is_some_and(|f| now < f.retry_at);
-        ungated.retain(|(pod, _)| !in_backoff(&pod.uid));
-        let mut eligible: Vec<QueuedPod> = Vec::new();
-        let mut eligible_gate: Vec<(usize, bool)> = Vec::new();
-        for (pod, gate) in queue.iter().zip(&gate_at) {
-            if in_backoff(&pod.uid) {
-                continue;
+        self.failed.keep_unchanged(&live);
+        pods.ungated
+            .retain(|(pod, _)| !self.failed.waiting(&pod.uid, now));
+        for (pod, gate) in pods.queue.iter().zip(&pods.gate_at) {
+            if !self.failed.waiting(&pod.uid, now) {
+                pods.eligible.push(pod.clone());
+                pods.eligible_gate.push(*gate);
             }
-            eligible.push(pod.clone());
-            eligible_gate.push(*gate);
         }
+        pods
+    }
 
-        self.charged.prune(&policy, now);
-        let not_ready = not_ready_by_rule(&released);
-        let (plan, seeded) = {
-            let mut limiter = self.ctx.limiter();
-            let seeded = seed(
-                &mut limiter,
-                &policy,
-                &released,
-                &mut self.charged,
-                &self.ctx.instance,
-                now,
-            );
-            // Pods un-gated by hand are counted now, before anything else is planned.
-            for (pod, _) in &ungated {
-                if let Some(rule) = gate_rule(&policy, &pod.rule) {
-                    limiter.record(
-                        &rule.name,
-                        &rule.limits,
-                        &pod.namespace,
-                        pod.owner.as_deref(),
-                        now,
-                        1,
-                    );
-                }
-            }
-            let plan = plan(
-                &Inputs {
-                    queue: &eligible,
-                    not_ready: &not_ready,
-                    policy: &policy,
+    /// Seeds the windows, counts pods ungated by hand, and plans, under the limiter's lock.
+    fn plan(
+        &mut self,
+        policy: &Policy,
+        pods: &Pods,
+        not_ready: &HashMap<String, u32>,
+        now: Millis,
+    ) -> (Plan, usize) {
+        let mut limiter = self.ctx.limiter();
+        let seeded = seed(
+            &mut limiter,
+            policy,
+            &pods.released,
+            &mut self.charged,
+            &self.ctx.instance,
+            now,
+        );
+        // Pods un-gated by hand are counted now, before anything else is planned.
+        for (pod, _) in &pods.ungated {
+            if let Some(rule) = gate_rule(policy, &pod.rule) {
+                limiter.record(
+                    &rule.name,
+                    &rule.limits,
+                    &pod.namespace,
+                    pod.owner.as_deref(),
                     now,
-                    max_releases: MAX_RELEASES_PER_ROUND,
-                },
-                &mut limiter,
-                &mut self.cursor,
-            );
-            (plan, seeded)
-        };
-        if first {
-            tracing::info!(
-                gated = queue.len(),
-                released_not_ready = not_ready.values().sum::<u32>(),
-                released_labelled = released.len(),
-                seeded,
-                "releaser: leading; queue rebuilt from the cluster and windows seeded from released-at"
-            );
-        } else if seeded > 0 {
-            tracing::info!(
-                seeded,
-                "releaser: seeded releases seen on pods into the windows"
-            );
+                    1,
+                );
+            }
         }
-        self.publish_gauges(&policy, &queue, &not_ready);
+        let plan = plan(
+            &Inputs {
+                queue: &pods.eligible,
+                not_ready,
+                policy,
+                now,
+                max_releases: MAX_RELEASES_PER_ROUND,
+            },
+            &mut limiter,
+            &mut self.cursor,
+        );
+        (plan, seeded)
+    }
 
+    /// The patches of a plan: lift the gate of each release, mark pods ungated elsewhere.
+    fn jobs(policy: &Policy, plan: &Plan, pods: &Pods, now: Millis) -> Vec<Job> {
+        let target = |pod: &QueuedPod, patch| Target {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            resource_version: pod.resource_version.clone(),
+            patch,
+        };
         let mut jobs = Vec::new();
         for release in &plan.releases {
-            let pod = &eligible[release.index];
-            let (gate_index, has_annotations) = eligible_gate[release.index];
+            let pod = &pods.eligible[release.index];
+            let (gate_index, has_annotations) = pods.eligible_gate[release.index];
             jobs.push(Job {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                resource_version: pod.resource_version.clone(),
-                patch: release_patch(&pod.resource_version, gate_index, has_annotations, now),
-                rule: metric_rule(&policy, &pod.rule),
+                target: target(
+                    pod,
+                    release_patch(&pod.resource_version, gate_index, has_annotations, now),
+                ),
+                rule: metric_rule(policy, &pod.rule),
                 reason: match release.why {
                     ReleaseWhy::Rate => "rate",
                     ReleaseWhy::RuleGone => "rule-gone",
@@ -401,62 +269,33 @@ impl Releaser {
                 waited_ms: release.waited_ms,
             });
         }
-        for (pod, has_annotations) in &ungated {
+        for (pod, has_annotations) in &pods.ungated {
             jobs.push(Job {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-                resource_version: pod.resource_version.clone(),
-                patch: mark_released_patch(&pod.resource_version, *has_annotations, now),
-                rule: metric_rule(&policy, &pod.rule),
+                target: target(
+                    pod,
+                    mark_released_patch(&pod.resource_version, *has_annotations, now),
+                ),
+                rule: metric_rule(policy, &pod.rule),
                 reason: "ungated-elsewhere",
                 waited_ms: now.saturating_sub(pod.created),
             });
         }
-        self.run_jobs(jobs, leadership, now).await;
-        self.drop_labels(&released, &policy, leadership, now).await;
-        self.send_events(&plan, &eligible, leadership, now).await;
-        plan.wake_at
+        jobs
     }
 
     async fn run_jobs(&mut self, jobs: Vec<Job>, leadership: &Leadership, now: Millis) {
         if jobs.is_empty() {
             return;
         }
-        let client = self.client.clone();
-        let results: Vec<(Job, Done)> = futures::stream::iter(jobs)
-            .map(|job| {
-                let client = client.clone();
-                async move {
-                    // Checked right before each call: a replica whose term ended sends nothing.
-                    if !leadership.is_leader() {
-                        return (job, Done::NotLeader);
-                    }
-                    let api: Api<Pod> = Api::namespaced(client, &job.namespace);
-                    let patch = Patch::Json::<()>(job.patch.clone());
-                    let params = PatchParams::default();
-                    let call = api.patch(&job.name, &params, &patch);
-                    let done = match within(CALL_TIMEOUT, call).await {
-                        Ok(_) => Done::Released,
-                        // 422: a test op failed (the pod changed); 409: a write conflict.
-                        Err(e) if matches!(e.status(), Some(409 | 422)) => Done::Conflict,
-                        Err(e) if e.status() == Some(404) => Done::Gone,
-                        Err(e) => Done::Error(e.to_string()),
-                    };
-                    (job, done)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
+        let results = patch_all::<Pod, Job>(&self.client, jobs, |j| &j.target, leadership).await;
         let metrics = &self.ctx.metrics;
         let mut released: HashMap<&str, u32> = HashMap::new();
         let mut errors = 0;
         for (job, done) in &results {
-            match done {
-                Done::Released => {
-                    self.charged.insert(&job.uid, now);
-                    self.failed.remove(&job.uid);
+            let Some(failure) = done.failure() else {
+                if let Done::Patched = done {
+                    self.charged.insert(&job.target.uid, now);
+                    self.failed.succeeded(&job.target.uid);
                     metrics
                         .gate_releases
                         .with_label_values(&[&job.rule, job.reason])
@@ -466,42 +305,25 @@ impl Releaser {
                         .with_label_values(&[&job.rule])
                         .observe(job.waited_ms as f64 / 1000.0);
                     *released.entry(job.reason).or_insert(0) += 1;
-                    tracing::debug!(pod = %format!("{}/{}", job.namespace, job.name), rule = %job.rule,
+                    tracing::debug!(pod = %job.target.pod_name(), rule = %job.rule,
                         reason = job.reason, waited_s = job.waited_ms / 1000, "releaser: released");
                 }
-                Done::NotLeader => {}
-                other => {
-                    let reason = match other {
-                        Done::Conflict => "conflict",
-                        Done::Gone => "gone",
-                        _ => "error",
-                    };
-                    metrics
-                        .gate_release_failures
-                        .with_label_values(&[reason])
-                        .inc();
-                    if let Done::Error(e) = other {
-                        errors += 1;
-                        metrics
-                            .releaser_api_errors
-                            .with_label_values(&["patch"])
-                            .inc();
-                        tracing::warn!(pod = %format!("{}/{}", job.namespace, job.name), error = %e,
-                            "releaser: release patch failed; retrying later");
-                    }
-                    let attempts = self.failed.get(&job.uid).map_or(0, |f| f.attempts) + 1;
-                    // 1 s, 2 s, 4 s ... 60 s, unless the pod changes first.
-                    let backoff = 1_000u64 << attempts.min(6).saturating_sub(1);
-                    self.failed.insert(
-                        job.uid.clone(),
-                        Failed {
-                            resource_version: job.resource_version.clone(),
-                            retry_at: now + backoff.min(60_000),
-                            attempts,
-                        },
-                    );
-                }
+                continue;
+            };
+            metrics
+                .gate_release_failures
+                .with_label_values(&[failure])
+                .inc();
+            if let Done::Error(e) = done {
+                errors += 1;
+                metrics
+                    .releaser_api_errors
+                    .with_label_values(&["patch"])
+                    .inc();
+                tracing::warn!(pod = %job.target.pod_name(), error = %e,
+                    "releaser: release patch failed; retrying later");
             }
+            self.failed.failed(&job.target, now);
         }
         if !released.is_empty() {
             let at = format_time(now);
@@ -524,35 +346,29 @@ impl Releaser {
         leadership: &Leadership,
         now: Millis,
     ) {
-        let todo: Vec<&ReleasedPod> = labels_to_drop(released, policy, now)
+        let jobs: Vec<Target> = labels_to_drop(released, policy, now)
             .into_iter()
             .take(MAX_RELEASES_PER_ROUND)
-            .map(|i| &released[i])
-            .collect();
-        let client = self.client.clone();
-        let metrics = self.ctx.metrics.clone();
-        futures::stream::iter(todo)
-            .for_each_concurrent(CONCURRENCY, |pod| {
-                let client = client.clone();
-                let metrics = metrics.clone();
-                async move {
-                    if !leadership.is_leader() {
-                        return;
-                    }
-                    let api: Api<Pod> = Api::namespaced(client, &pod.namespace);
-                    let patch = Patch::Json::<()>(unlabel_patch());
-                    let params = PatchParams::default();
-                    let call = api.patch(&pod.name, &params, &patch);
-                    if let Err(e) = within(CALL_TIMEOUT, call).await {
-                        if !matches!(e.status(), Some(404 | 409 | 422)) {
-                            metrics.releaser_api_errors.with_label_values(&["patch"]).inc();
-                            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), error = %e,
-                                "releaser: could not drop the label of a released pod");
-                        }
-                    }
-                }
+            .map(|i| Target {
+                namespace: released[i].namespace.clone(),
+                name: released[i].name.clone(),
+                uid: String::new(),
+                resource_version: String::new(),
+                patch: unlabel_patch(),
             })
-            .await;
+            .collect();
+        for (target, done) in patch_all::<Pod, Target>(&self.client, jobs, |t| t, leadership).await
+        {
+            if let Done::Error(e) = done {
+                self.ctx
+                    .metrics
+                    .releaser_api_errors
+                    .with_label_values(&["patch"])
+                    .inc();
+                tracing::warn!(pod = %target.pod_name(), error = %e,
+                    "releaser: could not drop the label of a released pod");
+            }
+        }
     }
 
     /// At most one Event per namespace and rule per interval, on the oldest waiting pod.
@@ -563,23 +379,17 @@ impl Releaser {
         leadership: &Leadership,
         now: Millis,
     ) {
-        let interval = self.event_interval;
-        let waiting: HashSet<(String, Arc<str>)> = plan
+        let waiting = plan
             .waiting
             .iter()
             .map(|w| (w.namespace.clone(), w.rule.clone()))
             .collect();
-        self.events_sent
-            .retain(|key, at| waiting.contains(key) && *at + interval > now);
+        self.throttle.keep_waiting(waiting, now);
         let policy = self.ctx.policy();
         let mut due: Vec<&super::plan::Waiting> = plan
             .waiting
             .iter()
-            .filter(|w| {
-                !self
-                    .events_sent
-                    .contains_key(&(w.namespace.clone(), w.rule.clone()))
-            })
+            .filter(|w| self.throttle.is_due(&w.namespace, &w.rule))
             .collect();
         // Oldest heads first, so a cap on Events per round still reaches everyone in turn.
         due.sort_by_key(|w| queue[w.head].created);
@@ -621,37 +431,10 @@ impl Releaser {
                     ),
                 ),
             };
-            self.events_sent
-                .insert((w.namespace.clone(), w.rule.clone()), now);
-            events.push((head.clone(), reason, note));
+            self.throttle.sent(&w.namespace, &w.rule, now);
+            events.push((pod_reference(head), reason, note));
         }
-        let client = self.client.clone();
-        let metrics = self.ctx.metrics.clone();
-        let identity = self.identity.clone();
-        futures::stream::iter(events)
-            .for_each_concurrent(CONCURRENCY, |(pod, reason, note)| {
-                let client = client.clone();
-                let metrics = metrics.clone();
-                let identity = identity.clone();
-                async move {
-                    if !leadership.is_leader() {
-                        return;
-                    }
-                    let api: Api<Event> = Api::namespaced(client, &pod.namespace);
-                    let event = event(&pod, reason, note, &identity);
-                    match within(CALL_TIMEOUT, api.create(&PostParams::default(), &event)).await {
-                        Ok(_) => metrics.gate_events.with_label_values(&[reason]).inc(),
-                        Err(e) => {
-                            metrics
-                                .releaser_api_errors
-                                .with_label_values(&["event"])
-                                .inc();
-                            tracing::debug!(error = %e, "releaser: could not write an Event");
-                        }
-                    }
-                }
-            })
-            .await;
+        self.events.write(events, leadership).await;
     }
 
     fn publish_gauges(
@@ -660,7 +443,6 @@ impl Releaser {
         queue: &[QueuedPod],
         not_ready: &HashMap<String, u32>,
     ) {
-        let metrics = &self.ctx.metrics;
         let mut queued: HashMap<String, i64> = HashMap::new();
         for pod in queue {
             *queued.entry(metric_rule(policy, &pod.rule)).or_insert(0) += 1;
@@ -672,32 +454,73 @@ impl Releaser {
             .map(|r| r.name.to_string())
             .collect();
         rules.extend(queued.keys().cloned());
-        // Rules that left the policy leave the gauges too.
-        for gone in self.gauge_rules.difference(&rules) {
-            let _ = metrics.gate_queue.remove_label_values(&[gone]);
-            let _ = metrics.gate_not_ready.remove_label_values(&[gone]);
-        }
-        for rule in &rules {
-            metrics
-                .gate_queue
-                .with_label_values(&[rule])
-                .set(queued.get(rule).copied().unwrap_or(0));
-            let nr = not_ready.get(rule).copied().unwrap_or(0);
-            metrics
-                .gate_not_ready
-                .with_label_values(&[rule])
-                .set(i64::from(nr));
-        }
-        self.gauge_rules = rules;
+        self.gauges.publish(rules, |gauge, rule| match gauge {
+            0 => queued.get(rule).copied().unwrap_or(0),
+            _ => i64::from(not_ready.get(rule).copied().unwrap_or(0)),
+        });
     }
 
-    /// Only the leader reports the queue; a follower's gauges would be stale.
     fn clear_gauges(&mut self) {
-        let metrics = &self.ctx.metrics;
-        for rule in self.gauge_rules.drain() {
-            let _ = metrics.gate_queue.remove_label_values(&[&rule]);
-            let _ = metrics.gate_not_ready.remove_label_values(&[&rule]);
+        self.gauges.clear();
+    }
+}
+
+/// The labelled pods of one round, sorted by what they wait for.
+#[derive(Default)]
+struct Pods {
+    queue: Vec<QueuedPod>,
+    /// Per queued pod: the index of churn-throttler's gate, and whether it has annotations.
+    gate_at: Vec<(usize, bool)>,
+    ungated: Vec<(QueuedPod, bool)>,
+    released: Vec<ReleasedPod>,
+    /// The queued pods not in back-off, and their gates.
+    eligible: Vec<QueuedPod>,
+    eligible_gate: Vec<(usize, bool)>,
+}
+
+impl Rounds for Releaser {
+    type Object = Pod;
+
+    // Releases this process made in an earlier term are in the limiter already;
+    // anything else in the window is seeded from the annotations.
+    fn start_term(&mut self) {
+        self.failed.clear();
+    }
+
+    async fn round(
+        &mut self,
+        reader: &Store<Pod>,
+        leadership: &Leadership,
+        now: Millis,
+        first: bool,
+    ) -> Option<Millis> {
+        let policy = self.ctx.policy();
+        let pods = self.read(reader, now);
+        self.charged.prune(&policy, now);
+        let not_ready = not_ready_by_rule(&pods.released);
+        let (plan, seeded) = self.plan(&policy, &pods, &not_ready, now);
+        if first {
+            tracing::info!(
+                gated = pods.queue.len(),
+                released_not_ready = not_ready.values().sum::<u32>(),
+                released_labelled = pods.released.len(),
+                seeded,
+                "releaser: leading; queue rebuilt from the cluster and windows seeded from released-at"
+            );
+        } else if seeded > 0 {
+            tracing::info!(
+                seeded,
+                "releaser: seeded releases seen on pods into the windows"
+            );
         }
+        self.publish_gauges(&policy, &pods.queue, &not_ready);
+        let jobs = Self::jobs(&policy, &plan, &pods, now);
+        self.run_jobs(jobs, leadership, now).await;
+        self.drop_labels(&pods.released, &policy, leadership, now)
+            .await;
+        self.send_events(&plan, &pods.eligible, leadership, now)
+            .await;
+        plan.wake_at
     }
 }
 
@@ -709,55 +532,13 @@ fn metric_rule(policy: &Policy, rule: &str) -> String {
     }
 }
 
-fn about(ms: Millis) -> String {
-    let seconds = ms.div_ceil(1000).max(1);
-    format_duration(Duration::from_secs(seconds))
-}
-
-fn event(pod: &QueuedPod, reason: &str, note: String, identity: &str) -> Event {
-    let regarding = ObjectReference {
+fn pod_reference(pod: &QueuedPod) -> ObjectReference {
+    ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
         name: Some(pod.name.clone()),
         namespace: Some(pod.namespace.clone()),
         uid: Some(pod.uid.clone()),
-        ..Default::default()
-    };
-    new_event(regarding, "Gate", reason, note, identity)
-}
-
-/// A new events.k8s.io Event about `regarding`, from the releaser, within the API's limits.
-pub(super) fn new_event(
-    regarding: ObjectReference,
-    action: &str,
-    reason: &str,
-    note: String,
-    identity: &str,
-) -> Event {
-    let now = Timestamp::now();
-    let mut note = note;
-    if note.len() > 1000 {
-        let mut cut = 1000;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
-    let name = regarding.name.clone().unwrap_or_default();
-    Event {
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: regarding.namespace.clone(),
-            ..Default::default()
-        },
-        action: Some(action.into()),
-        reason: Some(reason.into()),
-        note: Some(note),
-        type_: Some("Normal".into()),
-        event_time: Some(MicroTime(now)),
-        regarding: Some(regarding),
-        reporting_controller: Some(REPORTING_CONTROLLER.into()),
-        reporting_instance: Some(identity.chars().take(128).collect()),
         ..Default::default()
     }
 }
@@ -765,23 +546,10 @@ pub(super) fn new_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::releaser::shell::new_event;
 
     #[test]
-    fn table_of_rough_durations() {
-        for (ms, want) in [
-            (0, "1s"),
-            (1, "1s"),
-            (1_000, "1s"),
-            (1_001, "2s"),
-            (90_000, "90s"),
-            (120_000, "2m"),
-        ] {
-            assert_eq!(about(ms), want, "{ms} ms");
-        }
-    }
-
-    #[test]
-    fn events_regard_the_pod_and_stay_within_the_api_limits() {
+    fn events_regard_the_pod() {
         let pod = QueuedPod {
             namespace: "shop".into(),
             name: "web-0".into(),
@@ -791,20 +559,11 @@ mod tests {
             owner: None,
             created: 0,
         };
-        let event = event(&pod, "Paced", "é".repeat(700), &"x".repeat(300));
+        let event = new_event(pod_reference(&pod), "Gate", "Paced", "note".into(), "me");
         let regarding = event.regarding.as_ref().expect("regarding");
         assert_eq!(regarding.kind.as_deref(), Some("Pod"));
         assert_eq!(regarding.uid.as_deref(), Some("u1"));
         assert_eq!(event.metadata.namespace.as_deref(), Some("shop"));
-        assert!(event.note.as_ref().is_some_and(|n| n.len() <= 1000));
-        assert_eq!(
-            event.reporting_instance.as_ref().map(String::len),
-            Some(128)
-        );
-        assert_eq!(
-            event.reporting_controller.as_deref(),
-            Some(REPORTING_CONTROLLER)
-        );
-        assert!(event.event_time.is_some());
+        assert_eq!(event.action.as_deref(), Some("Gate"));
     }
 }

@@ -12,6 +12,7 @@ pub mod partition;
 pub mod partition_plan;
 pub mod plan;
 pub mod pods;
+mod shell;
 pub mod statefulsets;
 
 pub use controller::{run, Config};
@@ -20,7 +21,7 @@ pub use lease::LeaseConfig;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::shared::{hostname, LimiterCell, PolicyCell, RoleCell};
+use crate::shared::{hostname, KubeClient, LimiterCell, PolicyCell, RoleCell};
 use std::sync::{Arc, MutexGuard};
 
 /// What the releasers use of the process, built by `serve`: the policy in force
@@ -33,6 +34,8 @@ pub struct Context {
     pub role: Arc<RoleCell>,
     pub metrics: Arc<Metrics>,
     pub instance: String,
+    /// The process's Kubernetes client, shared with the other shells.
+    pub kube: Arc<KubeClient>,
 }
 
 impl Context {

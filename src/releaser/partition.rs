@@ -7,37 +7,35 @@
 //! windows are rebuilt every round from the sets: the step times recorded on them, and
 //! the pods of their last steps, looked at before each plan.
 
-use super::controller::{
-    new_event, spawn_feed, Config, CALL_TIMEOUT, CONCURRENCY, DEBOUNCE, IDLE, MAX_EVENTS_PER_ROUND,
-    NO_RULE,
-};
+use super::controller::Config;
 use super::lease::within;
 use super::partition_plan::{
     plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
     TakenStep,
 };
 use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
+use super::shell::{
+    about, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds, RuleGauges,
+    Target, CALL_TIMEOUT, CONCURRENCY, MAX_EVENTS_PER_ROUND, NO_RULE,
+};
 use super::statefulsets::{
-    cleanup_patch, finish_patch, let_go_patch, pod_progress, released_pod_name, step_patch,
-    update_revision, view, PodProgress, View,
+    cleanup_patch, created_by, finish_patch, let_go_patch, pod_progress, released_pod_name,
+    step_patch, update_revision, view, PodProgress, View,
 };
 use super::Context;
 use crate::limiter::Millis;
-use crate::names::{format_time, FIELD_MANAGER};
-use crate::policy::{format_duration, Action, Policy};
+use crate::names::format_time;
+use crate::policy::{Action, Policy};
 use crate::shared::{now_millis, Leadership};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::Client;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::Notify;
 
 /// A released pod that is not settled is looked at again at least this often, even when
 /// its StatefulSet does not change (status updates normally bring the news first).
@@ -65,25 +63,17 @@ struct Patched {
     to: Option<u32>,
 }
 
-/// A patch that failed; the set is retried once it changes or the back-off passes.
-struct Failed {
-    resource_version: String,
-    retry_at: Millis,
-    attempts: u32,
-}
-
 pub(super) struct PartitionReleaser {
     client: Client,
     ctx: Arc<Context>,
-    identity: String,
-    event_interval: Millis,
     checks: HashMap<String, PodCheck>,
-    failed: HashMap<String, Failed>,
+    failed: Backoffs,
     patched: HashMap<String, Patched>,
     /// Steps taken while the windows can see them, for the spacing.
     taken: Vec<TakenStep>,
-    events_sent: HashMap<(String, Arc<str>), Millis>,
-    gauge_rules: HashSet<String>,
+    throttle: EventThrottle,
+    events: EventWriter,
+    gauges: RuleGauges,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,24 +85,20 @@ enum JobKind {
 }
 
 struct Job {
-    namespace: String,
-    name: String,
-    uid: String,
-    resource_version: String,
-    patch: json_patch::Patch,
+    target: Target,
     kind: JobKind,
     /// The rule as a metric label.
     rule: String,
-    target: u32,
+    target_partition: u32,
     held_since: Option<Millis>,
 }
 
-enum Done {
-    Patched,
-    Conflict,
-    Gone,
-    Error(String),
-    NotLeader,
+/// The StatefulSets of one round: those held, and records of finished rollouts.
+struct Sets {
+    held: Vec<HeldSet>,
+    held_objects: Vec<Arc<StatefulSet>>,
+    records: Vec<Record>,
+    record_objects: Vec<Arc<StatefulSet>>,
 }
 
 /// A StatefulSet as the store keeps it: without what the releaser never reads.
@@ -126,104 +112,93 @@ fn slim(sts: &mut StatefulSet) {
 
 impl PartitionReleaser {
     pub(super) fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Self {
+        let metrics = &ctx.metrics;
+        let events = EventWriter::new(
+            &client,
+            config,
+            "Partition",
+            &metrics.partition_events,
+            metrics,
+        );
+        let gauges = RuleGauges::new(vec![
+            metrics.partition_held.clone(),
+            metrics.partition_not_ready.clone(),
+            metrics.partition_window_steps.clone(),
+        ]);
         PartitionReleaser {
             client,
             ctx,
-            identity: config.lease.identity.clone(),
-            event_interval: config.event_interval.as_millis() as Millis,
             checks: HashMap::new(),
-            failed: HashMap::new(),
+            failed: Backoffs::default(),
             patched: HashMap::new(),
             taken: Vec::new(),
-            events_sent: HashMap::new(),
-            gauge_rules: HashSet::new(),
+            throttle: EventThrottle::new(config.event_interval),
+            events,
+            gauges,
         }
     }
 
-    /// One term as leader: rebuild from the cluster, then step until cancelled.
+    /// One term as leader: rebuild from every StatefulSet (annotations cannot be
+    /// selected on, so it filters), then step until cancelled.
     pub(super) async fn term(&mut self, leadership: &Leadership) -> anyhow::Result<()> {
         let sets: Api<StatefulSet> = Api::all(self.client.clone());
-        let (reader, writer) = reflector::store::<StatefulSet>();
-        let changed = Arc::new(Notify::new());
-        let stream = watcher(sets, watcher::Config::default())
-            .default_backoff()
-            .modify(slim)
-            .reflect(writer);
-        let _feed = spawn_feed(
-            stream,
-            changed.clone(),
-            self.ctx.metrics.clone(),
+        let metrics = self.ctx.metrics.clone();
+        let config = watcher::Config::default();
+        run_term(
+            self,
+            sets,
+            config,
+            slim,
+            metrics,
             "statefulsets",
-        );
-        // Nothing is stepped before every StatefulSet has been listed.
-        reader.wait_until_ready().await?;
-        self.failed.clear();
-        self.patched.clear();
-        self.checks.clear();
-        let mut first = true;
-        loop {
-            let now = now_millis();
-            let wake = self.round(&reader, leadership, now, first).await;
-            first = false;
-            let pause = wake
-                .map_or(IDLE, |at| {
-                    Duration::from_millis(at.saturating_sub(now_millis()))
-                })
-                .min(IDLE);
-            tokio::select! {
-                _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
+            leadership,
+        )
+        .await
     }
 
-    async fn round(
-        &mut self,
-        reader: &Store<StatefulSet>,
-        leadership: &Leadership,
-        now: Millis,
-        first: bool,
-    ) -> Option<Millis> {
-        let policy = self.ctx.policy();
-        let mut held: Vec<HeldSet> = Vec::new();
-        let mut held_objects: Vec<Arc<StatefulSet>> = Vec::new();
-        let mut records: Vec<Record> = Vec::new();
-        let mut record_objects: Vec<Arc<StatefulSet>> = Vec::new();
+    /// Sorts the sets into held and records, and lays what this process knows over the
+    /// store's copies: back-offs, and steps whose new version the watch has not brought.
+    fn read(&mut self, reader: &Store<StatefulSet>, now: Millis) -> Sets {
+        let mut sets = Sets {
+            held: Vec::new(),
+            held_objects: Vec::new(),
+            records: Vec::new(),
+            record_objects: Vec::new(),
+        };
         for object in reader.state() {
             match view(&object) {
                 View::Held(set) => {
-                    held.push(set);
-                    held_objects.push(object);
+                    sets.held.push(set);
+                    sets.held_objects.push(object);
                 }
                 View::Record(record) => {
-                    records.push(record);
-                    record_objects.push(object);
+                    sets.records.push(record);
+                    sets.record_objects.push(object);
                 }
                 View::Ignored => {}
             }
         }
-        let live: HashMap<&str, &str> = held
+        let live: HashMap<&str, &str> = sets
+            .held
             .iter()
             .map(|s| (s.uid.as_str(), s.resource_version.as_str()))
             .chain(
-                records
+                sets.records
                     .iter()
-                    .zip(&record_objects)
+                    .zip(&sets.record_objects)
                     .map(|(r, o)| (r.uid.as_str(), resource_version(o))),
             )
             .collect();
-        self.failed.retain(|uid, f| {
-            live.get(uid.as_str())
-                .is_some_and(|rv| *rv == f.resource_version)
-        });
+        self.failed.keep_unchanged(&live);
         self.patched.retain(|uid, p| {
             live.get(uid.as_str())
                 .is_some_and(|rv| *rv == p.resource_version)
         });
+        let held = &sets.held;
         self.checks
             .retain(|uid, _| held.iter().any(|s| &s.uid == uid));
-        for set in held.iter_mut() {
-            set.backoff = self.failed.get(&set.uid).is_some_and(|f| now < f.retry_at);
+        for set in sets.held.iter_mut() {
+            set.backoff = self.failed.waiting(&set.uid, now);
             if let Some(p) = self.patched.get(&set.uid) {
                 // A step just taken is in flight, whatever the stale copy says.
                 if let Some(to) = p.to {
@@ -238,18 +213,18 @@ impl PartitionReleaser {
                 set.backoff = true;
             }
         }
-        let looked = self
-            .look_at_released_pods(&mut held, &held_objects, leadership, now)
-            .await;
-        // Times seen while looking are later than `now`; plan after them.
-        let now = now_millis().max(now);
-        let horizon = longest_window(&policy);
+        sets
+    }
+
+    /// Plans the steps and remembers those taken, for the spacing of the next rounds.
+    fn plan(&mut self, policy: &Policy, sets: &Sets, now: Millis) -> StepPlan {
+        let horizon = longest_window(policy);
         self.taken.retain(|t| t.at + horizon > now);
         let plan = plan_steps(&StepInputs {
-            held: &held,
-            records: &records,
+            held: &sets.held,
+            records: &sets.records,
             taken: &self.taken,
-            policy: &policy,
+            policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
         });
@@ -262,37 +237,22 @@ impl PartitionReleaser {
             {
                 self.taken.push(TakenStep {
                     rule: rule.clone(),
-                    namespace: held[*index].namespace.clone(),
+                    namespace: sets.held[*index].namespace.clone(),
                     at: now,
                 });
             }
         }
-        if first {
-            let recorded: usize = held
-                .iter()
-                .map(|s| s.stepped_at.len())
-                .chain(records.iter().map(|r| r.stepped_at.len()))
-                .sum();
-            let in_flight = held
-                .iter()
-                .filter(|s| s.released == Released::InFlight)
-                .count();
-            tracing::info!(
-                held = held.len(),
-                records = records.len(),
-                recorded_steps = recorded,
-                in_flight,
-                in_window = plan.in_window.values().copied().max().unwrap_or(0),
-                "releaser: leading; held StatefulSets rebuilt from the cluster, windows from partition-stepped-at and the pods in flight"
-            );
-        }
-        self.publish_gauges(&policy, &plan);
+        plan
+    }
 
+    /// The patches of a plan: its moves, then cleanups of records not in back-off.
+    fn jobs(&self, plan: &StepPlan, sets: &Sets, now: Millis) -> Vec<Job> {
         let mut jobs = Vec::new();
         for m in &plan.moves {
-            let set = &held[m.index()];
-            let object = &held_objects[m.index()];
+            let set = &sets.held[m.index()];
+            let object = &sets.held_objects[m.index()];
             let annotations = object.metadata.annotations.clone().unwrap_or_default();
+            let rv = &set.resource_version;
             let (patch, kind, rule) = match m {
                 Move::Step {
                     rule,
@@ -302,7 +262,7 @@ impl PartitionReleaser {
                     record,
                     ..
                 } => (
-                    step_patch(&set.resource_version, *to, record.as_deref()),
+                    step_patch(rv, *to, record.as_deref()),
                     JobKind::Step {
                         from: *from,
                         to: *to,
@@ -311,71 +271,44 @@ impl PartitionReleaser {
                     rule,
                 ),
                 Move::Finish { rule, record, .. } => (
-                    finish_patch(&set.resource_version, &annotations, record),
+                    finish_patch(rv, &annotations, record),
                     JobKind::Finish,
                     rule,
                 ),
                 Move::LetGo {
                     rule, why, record, ..
                 } => (
-                    let_go_patch(&set.resource_version, set.partition, &annotations, record),
+                    let_go_patch(rv, set.partition, &annotations, record),
                     JobKind::LetGo(*why),
                     rule,
                 ),
             };
             jobs.push(Job {
-                namespace: set.namespace.clone(),
-                name: set.name.clone(),
-                uid: set.uid.clone(),
-                resource_version: set.resource_version.clone(),
-                patch,
+                target: set_target(&set.namespace, &set.name, &set.uid, rv, patch),
                 kind,
                 rule: rule.as_deref().unwrap_or(NO_RULE).to_string(),
-                target: set.target.unwrap_or(0),
+                target_partition: set.target.unwrap_or(0),
                 held_since: set.held_since,
             });
         }
         for &index in plan.cleanups.iter().take(MAX_RELEASES_PER_ROUND) {
-            let record = &records[index];
-            let object = &record_objects[index];
-            if self
-                .failed
-                .get(&record.uid)
-                .is_some_and(|f| now < f.retry_at)
-            {
+            let record = &sets.records[index];
+            let object = &sets.record_objects[index];
+            if self.failed.waiting(&record.uid, now) {
                 continue;
             }
             let annotations = object.metadata.annotations.clone().unwrap_or_default();
-            let rv = resource_version(object).to_string();
+            let rv = resource_version(object);
+            let patch = cleanup_patch(rv, &annotations);
             jobs.push(Job {
-                namespace: record.namespace.clone(),
-                name: record.name.clone(),
-                uid: record.uid.clone(),
-                patch: cleanup_patch(&rv, &annotations),
-                resource_version: rv,
+                target: set_target(&record.namespace, &record.name, &record.uid, rv, patch),
                 kind: JobKind::Cleanup,
                 rule: NO_RULE.to_string(),
-                target: 0,
+                target_partition: 0,
                 held_since: None,
             });
         }
-        self.run_jobs(jobs, leadership, now).await;
-        self.send_waiting_events(&plan, &held, leadership, now)
-            .await;
-
-        // A pod still starting is looked at again soon even if nothing changes.
-        let pending = held
-            .iter()
-            .any(|s| matches!(s.released, Released::InFlight | Released::Starting { .. }));
-        let mut wake = plan.wake_at;
-        if pending {
-            let again = now + RECHECK_MS;
-            wake = Some(wake.map_or(again, |w| w.min(again)));
-        }
-        if !looked {
-            wake = Some(now);
-        }
-        wake
+        jobs
     }
 
     /// Looks at the pod each held set's last step released (one GET per set whose
@@ -505,143 +438,33 @@ impl PartitionReleaser {
         if jobs.is_empty() {
             return;
         }
-        let client = self.client.clone();
-        let results: Vec<(Job, Done)> = futures::stream::iter(jobs)
-            .map(|job| {
-                let client = client.clone();
-                async move {
-                    // Checked right before each call: a replica whose term ended sends nothing.
-                    if !leadership.is_leader() {
-                        return (job, Done::NotLeader);
-                    }
-                    let api: Api<StatefulSet> = Api::namespaced(client, &job.namespace);
-                    let patch = Patch::Json::<()>(job.patch.clone());
-                    let params = PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
-                        ..Default::default()
-                    };
-                    let call = api.patch(&job.name, &params, &patch);
-                    let done = match within(CALL_TIMEOUT, call).await {
-                        Ok(_) => Done::Patched,
-                        // 422: a test op failed (the set changed); 409: a write conflict.
-                        Err(e) if matches!(e.status(), Some(409 | 422)) => Done::Conflict,
-                        Err(e) if e.status() == Some(404) => Done::Gone,
-                        Err(e) => Done::Error(e.to_string()),
-                    };
-                    (job, done)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
+        let results =
+            patch_all::<StatefulSet, Job>(&self.client, jobs, |j| &j.target, leadership).await;
         let metrics = self.ctx.metrics.clone();
         let mut counts: BTreeMap<&'static str, u32> = BTreeMap::new();
         let mut events: Vec<(ObjectReference, &'static str, String)> = Vec::new();
         for (job, done) in &results {
-            match done {
-                Done::Patched => {
-                    self.failed.remove(&job.uid);
-                    self.patched.insert(
-                        job.uid.clone(),
-                        Patched {
-                            resource_version: job.resource_version.clone(),
-                            to: match job.kind {
-                                JobKind::Step { to, .. } => Some(to),
-                                _ => None,
-                            },
-                        },
-                    );
-                    let held_for = job.held_since.map(|t| now.saturating_sub(t));
-                    let about_held = held_for
-                        .map(|ms| format!(" after {} held", about(ms)))
-                        .unwrap_or_default();
-                    let label = match job.kind {
-                        JobKind::Step { from, to, why } => {
-                            metrics
-                                .partition_steps
-                                .with_label_values(&[&job.rule, why.as_str()])
-                                .inc();
-                            tracing::debug!(statefulset = %format!("{}/{}", job.namespace, job.name),
-                                rule = %job.rule, from, to, reason = why.as_str(), "releaser: partition stepped");
-                            "stepped"
-                        }
-                        JobKind::Finish | JobKind::LetGo(_) => {
-                            let outcome = match job.kind {
-                                JobKind::LetGo(_) => "let-go",
-                                _ if job.rule == NO_RULE => "rule-gone",
-                                _ => "done",
-                            };
-                            metrics
-                                .partition_rollouts
-                                .with_label_values(&[&job.rule, outcome])
-                                .inc();
-                            if let Some(ms) = held_for {
-                                metrics
-                                    .partition_held_duration
-                                    .with_label_values(&[&job.rule])
-                                    .observe(ms as f64 / 1000.0);
-                            }
-                            let (reason, note) = match job.kind {
-                                JobKind::LetGo(why) => (
-                                    "PacingStopped",
-                                    format!(
-                                        "churn-throttler stopped pacing this rollout{about_held} and left the \
-                                         partition at its current value: {}",
-                                        let_go_words(why)
-                                    ),
-                                ),
-                                _ => (
-                                    "RolloutReleased",
-                                    format!(
-                                        "churn-throttler has stepped this rollout's partition down to its \
-                                         target {}{about_held}; the hold's annotations are removed",
-                                        job.target
-                                    ),
-                                ),
-                            };
-                            tracing::info!(statefulset = %format!("{}/{}", job.namespace, job.name),
-                                rule = %job.rule, outcome, held_s = held_for.map(|ms| ms / 1000),
-                                "releaser: partition hold ended");
-                            events.push((job_reference(job), reason, note));
-                            outcome
-                        }
-                        JobKind::Cleanup => "cleaned-up",
-                    };
-                    *counts.entry(label).or_insert(0) += 1;
-                }
-                Done::NotLeader => {}
-                other => {
-                    let reason = match other {
-                        Done::Conflict => "conflict",
-                        Done::Gone => "gone",
-                        _ => "error",
-                    };
+            if let Some(failure) = done.failure() {
+                metrics
+                    .partition_failures
+                    .with_label_values(&[failure])
+                    .inc();
+                *counts.entry(failure).or_insert(0) += 1;
+                if let Done::Error(e) = done {
                     metrics
-                        .partition_failures
-                        .with_label_values(&[reason])
+                        .releaser_api_errors
+                        .with_label_values(&["patch"])
                         .inc();
-                    *counts.entry(reason).or_insert(0) += 1;
-                    if let Done::Error(e) = other {
-                        metrics
-                            .releaser_api_errors
-                            .with_label_values(&["patch"])
-                            .inc();
-                        tracing::warn!(statefulset = %format!("{}/{}", job.namespace, job.name), error = %e,
-                            "releaser: StatefulSet patch failed; retrying later (if a webhook refused it, \
-                             exempt churn-throttler's ServiceAccount in the policy)");
-                    }
-                    let attempts = self.failed.get(&job.uid).map_or(0, |f| f.attempts) + 1;
-                    // A conflict is retried as soon as the set changes; otherwise 1 s, 2 s ... 60 s.
-                    let backoff = 1_000u64 << attempts.min(6).saturating_sub(1);
-                    self.failed.insert(
-                        job.uid.clone(),
-                        Failed {
-                            resource_version: job.resource_version.clone(),
-                            retry_at: now + backoff.min(60_000),
-                            attempts,
-                        },
-                    );
+                    tracing::warn!(statefulset = %job.target.pod_name(), error = %e,
+                        "releaser: StatefulSet patch failed; retrying later (if a webhook refused it, \
+                         exempt churn-throttler's ServiceAccount in the policy)");
                 }
+                // A conflict is retried as soon as the set changes.
+                self.failed.failed(&job.target, now);
+            } else if let Done::Patched = done {
+                let (label, event) = self.patched(job, now);
+                *counts.entry(label).or_insert(0) += 1;
+                events.extend(event);
             }
         }
         if counts.values().any(|&c| c > 0) {
@@ -656,7 +479,86 @@ impl PartitionReleaser {
             );
         }
         events.truncate(MAX_EVENTS_PER_ROUND);
-        self.write_events(events, leadership).await;
+        self.events.write(events, leadership).await;
+    }
+
+    /// Records a patch that went through and counts it; returns its outcome's label and,
+    /// for a hold that ended, the Event that says so.
+    fn patched(
+        &mut self,
+        job: &Job,
+        now: Millis,
+    ) -> (
+        &'static str,
+        Option<(ObjectReference, &'static str, String)>,
+    ) {
+        let metrics = &self.ctx.metrics;
+        self.failed.succeeded(&job.target.uid);
+        self.patched.insert(
+            job.target.uid.clone(),
+            Patched {
+                resource_version: job.target.resource_version.clone(),
+                to: match job.kind {
+                    JobKind::Step { to, .. } => Some(to),
+                    _ => None,
+                },
+            },
+        );
+        let statefulset = job.target.pod_name();
+        let outcome = match job.kind {
+            JobKind::Step { from, to, why } => {
+                metrics
+                    .partition_steps
+                    .with_label_values(&[&job.rule, why.as_str()])
+                    .inc();
+                tracing::debug!(%statefulset, rule = %job.rule, from, to, reason = why.as_str(),
+                    "releaser: partition stepped");
+                return ("stepped", None);
+            }
+            JobKind::Cleanup => return ("cleaned-up", None),
+            JobKind::LetGo(_) => "let-go",
+            JobKind::Finish if job.rule == NO_RULE => "rule-gone",
+            JobKind::Finish => "done",
+        };
+        metrics
+            .partition_rollouts
+            .with_label_values(&[&job.rule, outcome])
+            .inc();
+        let held_for = job.held_since.map(|t| now.saturating_sub(t));
+        if let Some(ms) = held_for {
+            metrics
+                .partition_held_duration
+                .with_label_values(&[&job.rule])
+                .observe(ms as f64 / 1000.0);
+        }
+        let about_held = held_for
+            .map(|ms| format!(" after {} held", about(ms)))
+            .unwrap_or_default();
+        let (reason, note) = match job.kind {
+            JobKind::LetGo(why) => (
+                "PacingStopped",
+                format!(
+                    "churn-throttler stopped pacing this rollout{about_held} and left the \
+                     partition at its current value: {}",
+                    let_go_words(why)
+                ),
+            ),
+            _ => (
+                "RolloutReleased",
+                format!(
+                    "churn-throttler has stepped this rollout's partition down to its \
+                     target {}{about_held}; the hold's annotations are removed",
+                    job.target_partition
+                ),
+            ),
+        };
+        tracing::info!(%statefulset, rule = %job.rule, outcome, held_s = held_for.map(|ms| ms / 1000),
+            "releaser: partition hold ended");
+        let t = &job.target;
+        (
+            outcome,
+            Some((reference(&t.namespace, &t.name, &t.uid), reason, note)),
+        )
     }
 
     /// At most one Event per namespace and rule per interval, on the set that goes next.
@@ -667,22 +569,19 @@ impl PartitionReleaser {
         leadership: &Leadership,
         now: Millis,
     ) {
-        let interval = self.event_interval;
-        let waiting: HashSet<(String, Arc<str>)> = plan
+        let waiting = plan
             .waiting
             .iter()
             .map(|w| (w.namespace.clone(), w.rule.clone()))
             .collect();
-        self.events_sent
-            .retain(|key, at| waiting.contains(key) && *at + interval > now);
+        self.throttle.keep_waiting(waiting, now);
         let policy = self.ctx.policy();
         let mut events = Vec::new();
         for w in &plan.waiting {
             if events.len() >= MAX_EVENTS_PER_ROUND {
                 break;
             }
-            let key = (w.namespace.clone(), w.rule.clone());
-            if self.events_sent.contains_key(&key) {
+            if !self.throttle.is_due(&w.namespace, &w.rule) {
                 continue;
             }
             let Some(rule) = policy
@@ -725,49 +624,17 @@ impl PartitionReleaser {
                     ),
                 ),
             };
-            self.events_sent.insert(key, now);
-            events.push((set_reference(head), reason, note));
+            self.throttle.sent(&w.namespace, &w.rule, now);
+            events.push((
+                reference(&head.namespace, &head.name, &head.uid),
+                reason,
+                note,
+            ));
         }
-        self.write_events(events, leadership).await;
-    }
-
-    async fn write_events(
-        &self,
-        events: Vec<(ObjectReference, &'static str, String)>,
-        leadership: &Leadership,
-    ) {
-        let client = self.client.clone();
-        let metrics = self.ctx.metrics.clone();
-        let identity = self.identity.clone();
-        futures::stream::iter(events)
-            .for_each_concurrent(CONCURRENCY, |(regarding, reason, note)| {
-                let client = client.clone();
-                let metrics = metrics.clone();
-                let identity = identity.clone();
-                async move {
-                    if !leadership.is_leader() {
-                        return;
-                    }
-                    let namespace = regarding.namespace.clone().unwrap_or_default();
-                    let api: Api<Event> = Api::namespaced(client, &namespace);
-                    let event = new_event(regarding, "Partition", reason, note, &identity);
-                    match within(CALL_TIMEOUT, api.create(&PostParams::default(), &event)).await {
-                        Ok(_) => metrics.partition_events.with_label_values(&[reason]).inc(),
-                        Err(e) => {
-                            metrics
-                                .releaser_api_errors
-                                .with_label_values(&["event"])
-                                .inc();
-                            tracing::debug!(error = %e, "releaser: could not write an Event");
-                        }
-                    }
-                }
-            })
-            .await;
+        self.events.write(events, leadership).await;
     }
 
     fn publish_gauges(&mut self, policy: &Policy, plan: &StepPlan) {
-        let metrics = &self.ctx.metrics;
         let label = |name: &str| {
             if name.is_empty() {
                 NO_RULE.to_string()
@@ -782,53 +649,107 @@ impl PartitionReleaser {
             .map(|r| r.name.to_string())
             .collect();
         rules.extend(plan.held.keys().map(|k| label(k)));
-        for gone in self.gauge_rules.difference(&rules) {
-            let _ = metrics.partition_held.remove_label_values(&[gone]);
-            let _ = metrics.partition_not_ready.remove_label_values(&[gone]);
-            let _ = metrics.partition_window_steps.remove_label_values(&[gone]);
-        }
         let held: HashMap<String, usize> = plan.held.iter().map(|(k, v)| (label(k), *v)).collect();
         let not_ready: HashMap<String, u32> =
             plan.not_ready.iter().map(|(k, v)| (label(k), *v)).collect();
-        for rule in &rules {
-            metrics
-                .partition_held
-                .with_label_values(&[rule])
-                .set(held.get(rule).copied().unwrap_or(0) as i64);
-            metrics
-                .partition_not_ready
-                .with_label_values(&[rule])
-                .set(i64::from(not_ready.get(rule).copied().unwrap_or(0)));
-            let in_window = plan.in_window.get(rule.as_str()).copied().unwrap_or(0);
-            metrics
-                .partition_window_steps
-                .with_label_values(&[rule])
-                .set(i64::from(in_window));
-        }
-        self.gauge_rules = rules;
+        self.gauges.publish(rules, |gauge, rule| match gauge {
+            0 => held.get(rule).copied().unwrap_or(0) as i64,
+            1 => i64::from(not_ready.get(rule).copied().unwrap_or(0)),
+            _ => i64::from(plan.in_window.get(rule).copied().unwrap_or(0)),
+        });
     }
 
-    /// Only the leader reports held sets; a follower's gauges would be stale.
     pub(super) fn clear_gauges(&mut self) {
-        let metrics = &self.ctx.metrics;
-        for rule in self.gauge_rules.drain() {
-            let _ = metrics.partition_held.remove_label_values(&[&rule]);
-            let _ = metrics.partition_not_ready.remove_label_values(&[&rule]);
-            let _ = metrics.partition_window_steps.remove_label_values(&[&rule]);
-        }
+        self.gauges.clear();
     }
 }
 
-/// No earlier than the pod's creation: when it was seen (`seen`, read after the answer),
-/// or its creationTimestamp rounded up to the next second if that is sooner (a pod
-/// re-created long before a new leader first looks at it). The second bound reads the
-/// API server's clock; skew between it and this replica's clock shifts it by as much.
-fn created_by(pod: &Pod, seen: Millis) -> Millis {
-    pod.metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
-        .map_or(seen, |t| seen.min(t - t % 1_000 + 1_000))
+impl Rounds for PartitionReleaser {
+    type Object = StatefulSet;
+
+    fn start_term(&mut self) {
+        self.failed.clear();
+        self.patched.clear();
+        self.checks.clear();
+    }
+
+    async fn round(
+        &mut self,
+        reader: &Store<StatefulSet>,
+        leadership: &Leadership,
+        now: Millis,
+        first: bool,
+    ) -> Option<Millis> {
+        let policy = self.ctx.policy();
+        let mut sets = self.read(reader, now);
+        let looked = self
+            .look_at_released_pods(&mut sets.held, &sets.held_objects, leadership, now)
+            .await;
+        // Times seen while looking are later than `now`; plan after them.
+        let now = now_millis().max(now);
+        let plan = self.plan(&policy, &sets, now);
+        if first {
+            log_first_round(&sets, &plan);
+        }
+        self.publish_gauges(&policy, &plan);
+        let jobs = self.jobs(&plan, &sets, now);
+        self.run_jobs(jobs, leadership, now).await;
+        self.send_waiting_events(&plan, &sets.held, leadership, now)
+            .await;
+
+        // A pod still starting is looked at again soon even if nothing changes.
+        let pending = sets
+            .held
+            .iter()
+            .any(|s| matches!(s.released, Released::InFlight | Released::Starting { .. }));
+        let mut wake = plan.wake_at;
+        if pending {
+            let again = now + RECHECK_MS;
+            wake = Some(wake.map_or(again, |w| w.min(again)));
+        }
+        if !looked {
+            wake = Some(now);
+        }
+        wake
+    }
+}
+
+fn log_first_round(sets: &Sets, plan: &StepPlan) {
+    let recorded: usize = sets
+        .held
+        .iter()
+        .map(|s| s.stepped_at.len())
+        .chain(sets.records.iter().map(|r| r.stepped_at.len()))
+        .sum();
+    let in_flight = sets
+        .held
+        .iter()
+        .filter(|s| s.released == Released::InFlight)
+        .count();
+    tracing::info!(
+        held = sets.held.len(),
+        records = sets.records.len(),
+        recorded_steps = recorded,
+        in_flight,
+        in_window = plan.in_window.values().copied().max().unwrap_or(0),
+        "releaser: leading; held StatefulSets rebuilt from the cluster, windows from partition-stepped-at and the pods in flight"
+    );
+}
+
+fn set_target(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    resource_version: &str,
+    patch: json_patch::Patch,
+) -> Target {
+    Target {
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: uid.into(),
+        resource_version: resource_version.into(),
+        patch,
+    }
 }
 
 fn resource_version(sts: &StatefulSet) -> &str {
@@ -846,19 +767,6 @@ fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
     }
 }
 
-fn set_reference(set: &HeldSet) -> ObjectReference {
-    reference(&set.namespace, &set.name, &set.uid)
-}
-
-fn job_reference(job: &Job) -> ObjectReference {
-    reference(&job.namespace, &job.name, &job.uid)
-}
-
-fn about(ms: Millis) -> String {
-    let seconds = ms.div_ceil(1000).max(1);
-    format_duration(Duration::from_secs(seconds))
-}
-
 fn let_go_words(why: LetGoWhy) -> &'static str {
     match why {
         LetGoWhy::PartitionMoved => {
@@ -867,41 +775,5 @@ fn let_go_words(why: LetGoWhy) -> &'static str {
         }
         LetGoWhy::NotRollingUpdate => "the update strategy is no longer RollingUpdate",
         LetGoWhy::Unreadable => "the partition-target annotation is not a number",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pod_counts_from_when_it_was_seen_or_the_second_after_its_creation_stamp() {
-        let pod = |created: Option<&str>| -> Pod {
-            let mut meta = serde_json::json!({ "name": "db-2" });
-            if let Some(c) = created {
-                meta["creationTimestamp"] = serde_json::json!(c);
-            }
-            serde_json::from_value(serde_json::json!({ "metadata": meta })).expect("pod json")
-        };
-        let t = 1_767_323_045_000; // 2026-01-02T03:04:05Z
-                                   // (case, creationTimestamp, seen at, counted from)
-        let cases = [
-            (
-                "seen at once",
-                Some("2026-01-02T03:04:05Z"),
-                t + 300,
-                t + 300,
-            ),
-            (
-                "seen long after (a new leader): the second after its stamp",
-                Some("2026-01-02T03:04:05Z"),
-                t + 60_000,
-                t + 1_000,
-            ),
-            ("no stamp", None, t + 60_000, t + 60_000),
-        ];
-        for (case, created, seen, want) in cases {
-            assert_eq!(created_by(&pod(created), seen), want, "{case}");
-        }
     }
 }

@@ -22,7 +22,7 @@
 //! pods in flight), so a restart or a failover opens no burst. The webhook never charges
 //! a partition rule, so nothing else shares these windows.
 
-use super::plan::longest_window;
+use super::plan::{longest_window, rule_window};
 use crate::limiter::{spaced_after, Millis};
 use crate::policy::{Action, Policy, Rule, Scope};
 use std::collections::{BTreeMap, HashMap};
@@ -274,14 +274,6 @@ pub fn partition_rule<'p>(policy: &'p Policy, name: &str) -> Option<&'p Rule> {
         .filter(|r| r.action == Action::Partition);
     let first = rules.clone().next();
     rules.find(|r| &*r.name == name).or(first)
-}
-
-fn rule_window(rule: &Rule) -> Millis {
-    rule.limits
-        .iter()
-        .map(|l| l.window.as_millis() as Millis)
-        .max()
-        .unwrap_or(0)
 }
 
 /// How long step times matter for a set of this rule name.

@@ -390,7 +390,8 @@ pub fn longest_window(policy: &Policy) -> Millis {
         .unwrap_or(0)
 }
 
-fn rule_window(rule: &Rule) -> Millis {
+/// The longest window of one rule's limits.
+pub(super) fn rule_window(rule: &Rule) -> Millis {
     rule.limits
         .iter()
         .map(|l| l.window.as_millis() as Millis)

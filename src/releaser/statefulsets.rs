@@ -275,6 +275,18 @@ pub fn cleanup_patch(resource_version: &str, annotations: &BTreeMap<String, Stri
     Patch(ops)
 }
 
+/// No earlier than the pod's creation: when it was seen (`seen`, read after the answer),
+/// or its creationTimestamp rounded up to the next second if that is sooner (a pod
+/// re-created long before a new leader first looks at it). The second bound reads the
+/// API server's clock; skew between it and this replica's clock shifts it by as much.
+pub fn created_by(pod: &Pod, seen: Millis) -> Millis {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
+        .map_or(seen, |t| seen.min(t - t % 1_000 + 1_000))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -566,5 +578,36 @@ mod tests {
             vec![1_767_323_045_000]
         );
         assert!(parse_times("").is_empty());
+    }
+
+    #[test]
+    fn a_pod_counts_from_when_it_was_seen_or_the_second_after_its_creation_stamp() {
+        let pod = |created: Option<&str>| -> Pod {
+            let mut meta = serde_json::json!({ "name": "db-2" });
+            if let Some(c) = created {
+                meta["creationTimestamp"] = serde_json::json!(c);
+            }
+            serde_json::from_value(serde_json::json!({ "metadata": meta })).expect("pod json")
+        };
+        let t = 1_767_323_045_000; // 2026-01-02T03:04:05Z
+                                   // (case, creationTimestamp, seen at, counted from)
+        let cases = [
+            (
+                "seen at once",
+                Some("2026-01-02T03:04:05Z"),
+                t + 300,
+                t + 300,
+            ),
+            (
+                "seen long after (a new leader): the second after its stamp",
+                Some("2026-01-02T03:04:05Z"),
+                t + 60_000,
+                t + 1_000,
+            ),
+            ("no stamp", None, t + 60_000, t + 60_000),
+        ];
+        for (case, created, seen, want) in cases {
+            assert_eq!(created_by(&pod(created), seen), want, "{case}");
+        }
     }
 }

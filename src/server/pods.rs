@@ -14,6 +14,7 @@
 use crate::admission::{classify, Classified};
 use crate::policy::ChurnKind;
 use crate::server::state::AppState;
+use crate::shared::KubeClient;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ObjectMeta, PartialObjectMeta};
@@ -21,10 +22,8 @@ use kube::core::admission::AdmissionRequest;
 use kube::core::DynamicObject;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 use tokio::sync::watch;
 
 /// What the cache says about the pod a review names.
@@ -166,33 +165,30 @@ impl PodCache {
 /// Feeds the cache until `shutdown`. With `try_once` (`--dev`) and no usable Kubernetes
 /// configuration there is no cache and every request is decided as before; otherwise a
 /// missing configuration is retried like the releaser's.
-pub async fn run(state: Arc<AppState>, try_once: bool, mut shutdown: watch::Receiver<bool>) {
-    let mut delay = Duration::from_secs(5);
-    let client = loop {
-        let why = match kube::Config::infer().await {
-            Ok(config) => match Client::try_from(config) {
-                Ok(client) => break client,
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        };
-        if try_once {
-            tracing::info!(
-                "pod cache off (--dev without a Kubernetes configuration): every pod DELETE and \
-                 eviction is charged, whether the pod exists or not"
-            );
-            return;
+pub async fn run(
+    state: Arc<AppState>,
+    kube: Arc<KubeClient>,
+    try_once: bool,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let client = if try_once {
+        match kube.try_get().await {
+            Ok(client) => client,
+            Err(_) => {
+                tracing::info!(
+                    "pod cache off (--dev without a Kubernetes configuration): every pod DELETE and \
+                     eviction is charged, whether the pod exists or not"
+                );
+                return;
+            }
         }
-        tracing::warn!(
-            error = %why,
-            "pod cache: no usable Kubernetes configuration; until it is found every pod DELETE \
-             and eviction is charged, whether the pod exists or not"
-        );
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = crate::shared::stopped(&mut shutdown) => return,
+    } else {
+        let missing = "pod cache: no usable Kubernetes configuration; until it is found every pod \
+                       DELETE and eviction is charged, whether the pod exists or not";
+        match kube.get(&mut shutdown, missing).await {
+            Some(client) => client,
+            None => return,
         }
-        delay = (delay * 2).min(Duration::from_secs(60));
     };
     let (reader, writer) = reflector::store::<PartialObjectMeta<Pod>>();
     let cache = &state.pods;
