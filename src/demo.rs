@@ -21,10 +21,6 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
 
-/// The review each deletion is made from (a running pod deleted by the ReplicaSet
-/// controller); only the pod's name and uids change, so every deletion is a new event.
-const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.json");
-
 /// The default policy's rule that paces these deletions.
 const RULE: &str = "controller-deletes";
 
@@ -215,7 +211,7 @@ async fn play(args: &DemoArgs, limit: &Limit, dir: PathBuf) -> anyhow::Result<()
     let running = crate::serve::start(serve_args(dir.clone())).await?;
     let addr = running.tls_addr;
     let connector = connector(&std::fs::read(dir.join("ca.crt"))?)?;
-    let sample: serde_json::Value = serde_json::from_str(SAMPLE_REVIEW)?;
+    let sample = crate::sample::pod_delete_review();
     println!(
         "churn-throttler demo: webhook on https://{addr} with the built-in policy; a ReplicaSet controller \
          deletes {} pods, one every {:.3}s, retrying each 429 after its Retry-After. Rule {RULE:?}: {limit}, \
@@ -536,8 +532,7 @@ mod tests {
 
     #[test]
     fn every_review_names_a_new_pod() {
-        let sample: serde_json::Value =
-            serde_json::from_str(SAMPLE_REVIEW).unwrap_or_else(|e| panic!("{e}"));
+        let sample = crate::sample::pod_delete_review();
         let a: serde_json::Value =
             serde_json::from_slice(&review_for(&sample, 0).unwrap_or_else(|e| panic!("{e}")))
                 .unwrap_or_else(|e| panic!("{e}"));

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod names;
 pub mod policy;
 pub mod releaser;
+pub mod sample;
 pub mod serve;
 pub mod server;
 pub mod shared;

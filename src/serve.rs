@@ -15,11 +15,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-/// A sample review for the --dev curl line: a running pod DELETE by the ReplicaSet controller,
-/// which the default policy paces. Repeats of it name the same pod, whose admitted deletion
-/// is not charged again: `demo` shows the pacing with distinct pods.
-const SAMPLE_REVIEW: &str = include_str!("../tests/fixtures/pod-delete-running.json");
-
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let dev = args.dev;
     let dev_dir = args.dev_dir.clone();
@@ -62,39 +57,9 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     if args.dev {
         prepare_dev(&mut args)?;
     }
-    let (policy, policy_source) = load_policy(args.config.as_deref())?;
-    // A held request is answered only if its hold ends inside the drain.
-    let hold_bound = args.drain_timeout.saturating_sub(HOLD_ANSWER_MARGIN);
-    let longest = crate::server::state::longest_hold(&policy);
-    if longest > hold_bound {
-        bail!(
-            "--drain-timeout {:?} is too short: the policy ({policy_source}) can hold a request for {longest:?}, \
-             and a graceful stop answers every held request only if the drain lasts at least the longest hold \
-             plus {HOLD_ANSWER_MARGIN:?}; set --drain-timeout to {:?} or more, or lower the rules' maxHold",
-            args.drain_timeout,
-            longest + HOLD_ANSWER_MARGIN,
-        );
-    }
-    let (cert_path, key_path) = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => (c.clone(), k.clone()),
-        _ => bail!("serve needs --tls-cert and --tls-key (or --dev for a self-signed localhost certificate)"),
-    };
-    let pair = tls::read_pair(&cert_path, &key_path)?;
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    let key = tls::certified_key(&pair, &cert_path, &key_path, now)?;
-    let cert = tls::SwappableCert::new(key);
-    let client_ca = match &args.client_ca {
-        Some(path) => Some(
-            std::fs::read(path)
-                .with_context(|| format!("cannot read --client-ca {}", path.display()))?,
-        ),
-        None => None,
-    };
-    let tls_config = tls::server_config(cert.clone(), client_ca.as_deref())?;
-    let policy_file = match &args.config {
-        Some(path) => Some((path.clone(), std::fs::read(path)?)),
-        None => None,
-    };
+    let (policy, policy_source, policy_file) = load_policy(args.config.as_deref())?;
+    let hold_bound = hold_bound(&args, &policy, &policy_source)?;
+    let tls = load_tls(&args)?;
 
     let metrics = Arc::new(Metrics::new());
     let state = AppState::new(policy, metrics.clone(), args.max_body_bytes);
@@ -117,7 +82,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     );
     tasks.spawn(server::conn::serve(
         tls_listener,
-        Some(TlsAcceptor::from(tls_config)),
+        Some(TlsAcceptor::from(tls.config)),
         server::admission_router(state.clone()),
         metrics.clone(),
         admission_limits,
@@ -137,11 +102,11 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         state.clone(),
         Some((
             CertFiles {
-                cert: cert_path,
-                key: key_path,
-                target: cert,
+                cert: tls.cert_path,
+                key: tls.key_path,
+                target: tls.cert,
             },
-            pair,
+            tls.pair,
         )),
         policy_file,
         args.reload_interval,
@@ -149,6 +114,28 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         stop_rx.clone(),
     ));
     tasks.spawn(sweep_loop(state.clone(), stop_rx.clone()));
+    spawn_cluster_shells(&mut tasks, &args, &state, &stop_rx);
+    state.set_tls_up();
+    tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
+    Ok(Running {
+        tls_addr,
+        metrics_addr,
+        state,
+        reload_now,
+        stop,
+        tasks,
+        shutdown_delay: args.shutdown_delay,
+    })
+}
+
+/// The shells that need the API server, sharing one client: the pod cache, the
+/// releaser and the global budget's Lease, each as its flags say.
+fn spawn_cluster_shells(
+    tasks: &mut tokio::task::JoinSet<()>,
+    args: &ServeArgs,
+    state: &Arc<AppState>,
+    stop_rx: &watch::Receiver<bool>,
+) {
     let kube = Arc::new(KubeClient::default());
     match args.pod_cache {
         Some(false) => tracing::info!(
@@ -164,7 +151,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
             ));
         }
     }
-    match crate::releaser::config_from_args(&args) {
+    match crate::releaser::config_from_args(args) {
         Some(config) => {
             state.set_releaser_starting();
             let ctx = crate::releaser::Context {
@@ -179,7 +166,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
         }
         None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
     }
-    match crate::budget::lease::config_from_args(&args) {
+    match crate::budget::lease::config_from_args(args) {
         Some(config) => {
             state.enable_budget(args.budget.max_replicas, config.duration);
             let ctx = crate::budget::lease::Context {
@@ -198,16 +185,57 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
             "global budget off (--replica-budget=false, or --dev): this replica enforces every limit whole"
         ),
     }
-    state.set_tls_up();
-    tracing::info!(%tls_addr, %metrics_addr, policy = %policy_source, "churn-throttler serving");
-    Ok(Running {
-        tls_addr,
-        metrics_addr,
-        state,
-        reload_now,
-        stop,
-        tasks,
-        shutdown_delay: args.shutdown_delay,
+}
+
+/// How long a request may be held: the drain must outlast the longest hold, or a
+/// graceful stop could not answer every held request.
+fn hold_bound(args: &ServeArgs, policy: &Policy, source: &str) -> anyhow::Result<Duration> {
+    let bound = args.drain_timeout.saturating_sub(HOLD_ANSWER_MARGIN);
+    let longest = crate::server::state::longest_hold(policy);
+    if longest > bound {
+        bail!(
+            "--drain-timeout {:?} is too short: the policy ({source}) can hold a request for {longest:?}, \
+             and a graceful stop answers every held request only if the drain lasts at least the longest hold \
+             plus {HOLD_ANSWER_MARGIN:?}; set --drain-timeout to {:?} or more, or lower the rules' maxHold",
+            args.drain_timeout,
+            longest + HOLD_ANSWER_MARGIN,
+        );
+    }
+    Ok(bound)
+}
+
+/// The serving certificate and the TLS configuration built on it, as read at start.
+struct Tls {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    pair: tls::PemPair,
+    cert: Arc<tls::SwappableCert>,
+    config: Arc<rustls::ServerConfig>,
+}
+
+fn load_tls(args: &ServeArgs) -> anyhow::Result<Tls> {
+    let (cert_path, key_path) = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        _ => bail!("serve needs --tls-cert and --tls-key (or --dev for a self-signed localhost certificate)"),
+    };
+    let pair = tls::read_pair(&cert_path, &key_path)?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let key = tls::certified_key(&pair, &cert_path, &key_path, now)?;
+    let cert = tls::SwappableCert::new(key);
+    let client_ca = match &args.client_ca {
+        Some(path) => Some(
+            std::fs::read(path)
+                .with_context(|| format!("cannot read --client-ca {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let config = tls::server_config(cert.clone(), client_ca.as_deref())?;
+    Ok(Tls {
+        cert_path,
+        key_path,
+        pair,
+        cert,
+        config,
     })
 }
 
@@ -249,15 +277,25 @@ fn connection_limits(
     (admission, metrics)
 }
 
-fn load_policy(path: Option<&Path>) -> anyhow::Result<(Policy, String)> {
+/// The policy file as read once: the policy, where it came from, and the bytes the
+/// reloader compares later reads with (None for the built-in policy).
+type LoadedPolicy = (Policy, String, Option<(PathBuf, Vec<u8>)>);
+
+fn load_policy(path: Option<&Path>) -> anyhow::Result<LoadedPolicy> {
     match path {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let bytes = std::fs::read(path)
                 .with_context(|| format!("cannot read policy {}", path.display()))?;
-            let policy = Policy::from_yaml(&text, &path.display().to_string())?;
-            Ok((policy, path.display().to_string()))
+            let text = std::str::from_utf8(&bytes)
+                .with_context(|| format!("policy {} is not UTF-8 text", path.display()))?;
+            let policy = Policy::from_yaml(text, &path.display().to_string())?;
+            Ok((
+                policy,
+                path.display().to_string(),
+                Some((path.to_path_buf(), bytes)),
+            ))
         }
-        None => Ok((Policy::builtin(), "built-in default".to_string())),
+        None => Ok((Policy::builtin(), "built-in default".to_string(), None)),
     }
 }
 
@@ -329,7 +367,11 @@ fn prepare_dev(args: &mut ServeArgs) -> anyhow::Result<()> {
     write("ca.crt", &ca.cert_pem, false)?;
     args.tls_cert = Some(write("tls.crt", &serving.cert_pem, false)?);
     args.tls_key = Some(write("tls.key", &serving.key_pem, true)?);
-    write("sample-review.json", SAMPLE_REVIEW, false)?;
+    // A running pod DELETE by the ReplicaSet controller, which the default policy paces.
+    // Repeats of it name the same pod, whose admitted deletion is not charged again:
+    // `demo` shows the pacing with distinct pods.
+    let sample = serde_json::to_string_pretty(&crate::sample::pod_delete_review())?;
+    write("sample-review.json", &sample, false)?;
     let loopback = |addr: SocketAddr, default_port: u16| {
         if addr.ip().is_unspecified() {
             SocketAddr::from((
