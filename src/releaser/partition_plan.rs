@@ -403,23 +403,16 @@ impl<'r> Windows<'r> {
     }
 }
 
-/// Decides this round's moves.
-pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
-    let now = inputs.now;
+/// Each partition rule's windows, with the steps this process took and those recorded on
+/// finished rollouts (the held sets' own step times are added as they are read).
+fn windows_of_steps_taken<'p>(inputs: &StepInputs<'p>) -> BTreeMap<Arc<str>, Windows<'p>> {
     let policy = inputs.policy;
-    let mut out = StepPlan::default();
-    let mut free: Vec<Move> = Vec::new();
-    let mut windows: BTreeMap<Arc<str>, Windows<'_>> = policy
+    let mut windows: BTreeMap<Arc<str>, Windows<'p>> = policy
         .rules
         .iter()
         .filter(|r| r.action == Action::Partition)
         .map(|r| (r.name.clone(), Windows::new(r)))
         .collect();
-    // Per rule: candidate sets for a step at the rate.
-    let mut candidates: BTreeMap<Arc<str>, Vec<usize>> = BTreeMap::new();
-    let mut not_ready: HashMap<Arc<str>, u32> = HashMap::new();
-    let mut remaining: HashMap<Arc<str>, (usize, u64)> = HashMap::new();
-
     for step in inputs.taken {
         if let Some(w) = windows.get_mut(&step.rule) {
             w.take(&step.namespace, step.at);
@@ -434,6 +427,76 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
             }
         }
     }
+    windows
+}
+
+/// Records whose step times left every window can go; the others wake the releaser
+/// when they leave.
+fn plan_cleanups(inputs: &StepInputs<'_>, out: &mut StepPlan) {
+    let now = inputs.now;
+    for (index, record) in inputs.records.iter().enumerate() {
+        let window = window_for(inputs.policy, &record.rule);
+        match record.stepped_at.iter().map(|t| t.min(&now) + window).max() {
+            Some(until) if until > now => {
+                out.wake_at = Some(out.wake_at.map_or(until, |w| w.min(until)));
+            }
+            _ => out.cleanups.push(index),
+        }
+    }
+}
+
+/// When each namespace was last served, from the step times on every set: the least
+/// recently served go first.
+fn last_served<'i>(inputs: &StepInputs<'i>) -> HashMap<&'i str, Millis> {
+    let mut last_served: HashMap<&str, Millis> = HashMap::new();
+    let served = inputs
+        .held
+        .iter()
+        .map(|s| (s.namespace.as_str(), s.last_step()))
+        .chain(inputs.records.iter().map(|r| {
+            (
+                r.namespace.as_str(),
+                r.stepped_at.iter().copied().max().unwrap_or(0),
+            )
+        }));
+    for (namespace, last) in served {
+        let entry = last_served.entry(namespace).or_insert(0);
+        *entry = (*entry).max(last);
+    }
+    last_served
+}
+
+/// A set whose rule left the policy goes to its target at once, uncharged.
+fn rule_gone(index: usize, set: &HeldSet, target: u32) -> Move {
+    if set.partition > target {
+        Move::Step {
+            index,
+            rule: None,
+            from: set.partition,
+            to: target,
+            why: StepWhy::RuleGone,
+            record: None,
+        }
+    } else {
+        Move::Finish {
+            index,
+            rule: None,
+            record: Vec::new(),
+        }
+    }
+}
+
+/// Decides this round's moves.
+pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
+    let now = inputs.now;
+    let policy = inputs.policy;
+    let mut out = StepPlan::default();
+    let mut free: Vec<Move> = Vec::new();
+    let mut windows = windows_of_steps_taken(inputs);
+    // Per rule: candidate sets for a step at the rate.
+    let mut candidates: BTreeMap<Arc<str>, Vec<usize>> = BTreeMap::new();
+    let mut not_ready: HashMap<Arc<str>, u32> = HashMap::new();
+    let mut remaining: HashMap<Arc<str>, (usize, u64)> = HashMap::new();
 
     for (index, set) in inputs.held.iter().enumerate() {
         let rule = partition_rule(policy, &set.rule);
@@ -474,22 +537,7 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
         let effective = set.partition.min(set.replicas);
         let changed = (record != set.stepped_at).then(|| record.clone());
         if rule.is_none() {
-            free.push(if set.partition > target {
-                Move::Step {
-                    index,
-                    rule: None,
-                    from: set.partition,
-                    to: target,
-                    why: StepWhy::RuleGone,
-                    record: None,
-                }
-            } else {
-                Move::Finish {
-                    index,
-                    rule: None,
-                    record: Vec::new(),
-                }
-            });
+            free.push(rule_gone(index, set, target));
             continue;
         }
         let left = remaining.entry(key.clone()).or_insert((0, 0));
@@ -520,40 +568,14 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
         candidates.entry(key).or_default().push(index);
     }
 
-    for (index, record) in inputs.records.iter().enumerate() {
-        let window = window_for(policy, &record.rule);
-        match record.stepped_at.iter().map(|t| t.min(&now) + window).max() {
-            Some(until) if until > now => {
-                out.wake_at = Some(out.wake_at.map_or(until, |w| w.min(until)));
-            }
-            _ => out.cleanups.push(index),
-        }
+    plan_cleanups(inputs, &mut out);
+    // Uncharged moves first, up to the round's cap.
+    let cap = inputs.max_moves.min(free.len());
+    if free.len() > cap {
+        out.wake_at = Some(now);
     }
-
-    for m in free {
-        if out.moves.len() >= inputs.max_moves {
-            out.wake_at = Some(now);
-            break;
-        }
-        out.moves.push(m);
-    }
-
-    // Namespaces least recently served first, from the step times on every set.
-    let mut last_served: HashMap<&str, Millis> = HashMap::new();
-    let served = inputs
-        .held
-        .iter()
-        .map(|s| (s.namespace.as_str(), s.last_step()))
-        .chain(inputs.records.iter().map(|r| {
-            (
-                r.namespace.as_str(),
-                r.stepped_at.iter().copied().max().unwrap_or(0),
-            )
-        }));
-    for (namespace, last) in served {
-        let entry = last_served.entry(namespace).or_insert(0);
-        *entry = (*entry).max(last);
-    }
+    out.moves.extend(free.into_iter().take(cap));
+    let last_served = last_served(inputs);
 
     for (name, windows) in windows.iter_mut() {
         if let Some(indices) = candidates.remove(name) {
@@ -575,6 +597,36 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
     out
 }
 
+/// The candidate sets in one lane per namespace, the namespaces least recently served
+/// first; in a lane the least recently stepped set, then the oldest hold, then by name
+/// goes first (lanes are reversed so that the next set is popped from the end).
+fn lanes_in_turn<'h>(
+    indices: Vec<usize>,
+    held: &'h [HeldSet],
+    last_served: &HashMap<&str, Millis>,
+) -> (Vec<&'h str>, Vec<Vec<usize>>) {
+    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for index in indices {
+        lanes
+            .entry(held[index].namespace.as_str())
+            .or_default()
+            .push(index);
+    }
+    for lane in lanes.values_mut() {
+        lane.sort_by(|&a, &b| {
+            let key = |s: &HeldSet| (s.last_step(), s.held_since.unwrap_or(0), s.name.clone());
+            key(&held[b]).cmp(&key(&held[a]))
+        });
+    }
+    let mut names: Vec<&str> = lanes.keys().copied().collect();
+    names.sort_by_key(|n| (last_served.get(n).copied().unwrap_or(0), *n));
+    let lanes = names
+        .iter()
+        .map(|n| lanes.remove(n).unwrap_or_default())
+        .collect();
+    (names, lanes)
+}
+
 fn plan_rule(
     indices: Vec<usize>,
     inputs: &StepInputs<'_>,
@@ -587,27 +639,7 @@ fn plan_rule(
     let rule = windows.rule;
     let held = inputs.held;
     let now = inputs.now;
-    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for index in indices {
-        lanes
-            .entry(held[index].namespace.as_str())
-            .or_default()
-            .push(index);
-    }
-    for lane in lanes.values_mut() {
-        // Least recently stepped first, then the oldest hold, then by name; reversed so
-        // that the next set is popped from the end.
-        lane.sort_by(|&a, &b| {
-            let key = |s: &HeldSet| (s.last_step(), s.held_since.unwrap_or(0), s.name.clone());
-            key(&held[b]).cmp(&key(&held[a]))
-        });
-    }
-    let mut names: Vec<&str> = lanes.keys().copied().collect();
-    names.sort_by_key(|n| (last_served.get(n).copied().unwrap_or(0), *n));
-    let mut lanes: Vec<Vec<usize>> = names
-        .iter()
-        .map(|n| lanes.remove(n).unwrap_or_default())
-        .collect();
+    let (names, mut lanes) = lanes_in_turn(indices, held, last_served);
     let mut blocked: Vec<Option<Option<Millis>>> = vec![None; lanes.len()];
     let mut blocked_by_readiness = false;
 

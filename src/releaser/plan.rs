@@ -193,27 +193,12 @@ fn plan_rule(
 ) {
     let queue = inputs.queue;
     let now = inputs.now;
-    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for index in indices {
-        lanes
-            .entry(queue[index].namespace.as_str())
-            .or_default()
-            .push(index);
-    }
-    for lane in lanes.values_mut() {
-        lane.sort_by(|&a, &b| fifo(&queue[a], &queue[b]));
-    }
-    // Rotate so the namespace after the one served last comes first.
-    let mut names: Vec<&str> = lanes.keys().copied().collect();
-    if let Some(last) = cursor.last(&rule.name) {
-        let split = names.partition_point(|n| *n <= last);
-        names.rotate_left(split);
-    }
-    let mut lanes: Vec<Vec<usize>> = names
-        .iter()
-        .map(|n| lanes.remove(n).unwrap_or_default())
-        .collect();
-    let owner_scoped = rule.limits.iter().any(|l| l.scope == Scope::Owner);
+    let (names, mut lanes) = lanes_in_turn(rule, indices, queue, cursor);
+    let scan = if rule.limits.iter().any(|l| l.scope == Scope::Owner) {
+        OWNER_SCAN
+    } else {
+        1
+    };
     let mut not_ready = inputs.not_ready.get(&*rule.name).copied().unwrap_or(0);
     let mut blocked_by_readiness = false;
     let mut blocked = vec![false; names.len()];
@@ -224,37 +209,16 @@ fn plan_rule(
             if blocked[lane_no] || lane.is_empty() {
                 continue;
             }
-            if let Some(max) = rule.max_not_ready {
-                if not_ready >= max {
-                    blocked_by_readiness = true;
-                    break 'rounds;
-                }
+            if rule.max_not_ready.is_some_and(|max| not_ready >= max) {
+                blocked_by_readiness = true;
+                break 'rounds;
             }
             if out.releases.len() >= inputs.max_releases {
                 out.wake_at = Some(now);
                 break 'rounds;
             }
-            let scan = if owner_scoped { OWNER_SCAN } else { 1 };
-            let mut earliest = Millis::MAX;
-            let mut chosen = None;
-            for (position, &index) in lane.iter().take(scan).enumerate() {
-                let pod = &queue[index];
-                let at = limiter.earliest(
-                    &rule.name,
-                    &rule.limits,
-                    &pod.namespace,
-                    pod.owner.as_deref(),
-                    1,
-                    now,
-                );
-                if at <= now {
-                    chosen = Some(position);
-                    break;
-                }
-                earliest = earliest.min(at);
-            }
-            match chosen {
-                Some(position) => {
+            match pick(rule, lane, scan, queue, limiter, now) {
+                Ok(position) => {
                     let index = lane.remove(position);
                     let pod = &queue[index];
                     limiter.record(
@@ -277,7 +241,7 @@ fn plan_rule(
                         .insert(rule.name.clone(), names[lane_no].to_string());
                     progress = true;
                 }
-                None => {
+                Err(earliest) => {
                     blocked[lane_no] = true;
                     if earliest != Millis::MAX {
                         out.wake_at = Some(out.wake_at.map_or(earliest, |w| w.min(earliest)));
@@ -289,8 +253,85 @@ fn plan_rule(
             break;
         }
     }
+    let readiness = blocked_by_readiness.then(|| Blocked::NotReady {
+        not_ready,
+        max: rule.max_not_ready.unwrap_or(0),
+    });
+    describe_waiting(rule, &names, &lanes, queue, limiter, now, readiness, out);
+}
 
-    // What still waits, with rough estimates for the Events.
+/// The rule's pods in one lane per namespace, oldest first, the lanes in turn: the
+/// namespace after the one served last comes first.
+fn lanes_in_turn<'q>(
+    rule: &Rule,
+    indices: Vec<usize>,
+    queue: &'q [QueuedPod],
+    cursor: &Cursor,
+) -> (Vec<&'q str>, Vec<Vec<usize>>) {
+    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for index in indices {
+        lanes
+            .entry(queue[index].namespace.as_str())
+            .or_default()
+            .push(index);
+    }
+    for lane in lanes.values_mut() {
+        lane.sort_by(|&a, &b| fifo(&queue[a], &queue[b]));
+    }
+    let mut names: Vec<&str> = lanes.keys().copied().collect();
+    if let Some(last) = cursor.last(&rule.name) {
+        let split = names.partition_point(|n| *n <= last);
+        names.rotate_left(split);
+    }
+    let lanes = names
+        .iter()
+        .map(|n| lanes.remove(n).unwrap_or_default())
+        .collect();
+    (names, lanes)
+}
+
+/// The position in the lane of the first of its `scan` oldest pods that fits now, or
+/// the earliest time one of them would (Millis::MAX: never).
+fn pick(
+    rule: &Rule,
+    lane: &[usize],
+    scan: usize,
+    queue: &[QueuedPod],
+    limiter: &Limiter,
+    now: Millis,
+) -> Result<usize, Millis> {
+    let mut earliest = Millis::MAX;
+    for (position, &index) in lane.iter().take(scan).enumerate() {
+        let pod = &queue[index];
+        let at = limiter.earliest(
+            &rule.name,
+            &rule.limits,
+            &pod.namespace,
+            pod.owner.as_deref(),
+            1,
+            now,
+        );
+        if at <= now {
+            return Ok(position);
+        }
+        earliest = earliest.min(at);
+    }
+    Err(earliest)
+}
+
+/// What still waits per namespace, with rough estimates for the Events; `readiness`
+/// when maxNotReady stopped the round.
+#[allow(clippy::too_many_arguments)]
+fn describe_waiting(
+    rule: &Rule,
+    names: &[&str],
+    lanes: &[Vec<usize>],
+    queue: &[QueuedPod],
+    limiter: &Limiter,
+    now: Millis,
+    readiness: Option<Blocked>,
+    out: &mut Plan,
+) {
     let counts: Vec<usize> = lanes.iter().map(Vec::len).collect();
     let rule_pods: usize = counts.iter().sum();
     let rule_namespaces = counts.iter().filter(|&&c| c > 0).count();
@@ -299,22 +340,22 @@ fn plan_rule(
             continue;
         };
         let pod = &queue[head];
-        let (blocked, next_in_ms, last_in_ms) = if blocked_by_readiness {
-            let max = rule.max_not_ready.unwrap_or(0);
-            (Blocked::NotReady { not_ready, max }, None, None)
-        } else {
-            let next = limiter
-                .earliest(
-                    &rule.name,
-                    &rule.limits,
-                    &pod.namespace,
-                    pod.owner.as_deref(),
-                    1,
-                    now,
-                )
-                .saturating_sub(now);
-            let last = next + drain_estimate(rule, &counts, lane_no);
-            (Blocked::Rate, Some(next), Some(last))
+        let (blocked, next_in_ms, last_in_ms) = match readiness {
+            Some(blocked) => (blocked, None, None),
+            None => {
+                let next = limiter
+                    .earliest(
+                        &rule.name,
+                        &rule.limits,
+                        &pod.namespace,
+                        pod.owner.as_deref(),
+                        1,
+                        now,
+                    )
+                    .saturating_sub(now);
+                let last = next + drain_estimate(rule, &counts, lane_no);
+                (Blocked::Rate, Some(next), Some(last))
+            }
         };
         out.waiting.push(Waiting {
             rule: rule.name.clone(),
