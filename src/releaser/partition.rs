@@ -19,7 +19,7 @@ use super::shell::{
     Target, CALL_TIMEOUT, CONCURRENCY, MAX_EVENTS_PER_ROUND, NO_RULE,
 };
 use super::statefulsets::{
-    cleanup_patch, created_by, finish_patch, let_go_patch, pod_progress, released_pod_name,
+    cleanup_patch, deleted_by, finish_patch, let_go_patch, pod_progress, released_pod_name,
     step_patch, update_revision, view, PodProgress, View,
 };
 use super::Context;
@@ -41,6 +41,11 @@ use std::sync::Arc;
 /// its StatefulSet does not change (status updates normally bring the news first).
 const RECHECK_MS: Millis = 5_000;
 
+/// A step whose old pod is not seen deleted yet counts as "now" in its rule's windows,
+/// holding a slot until a look shows the deletion: look again this soon (deletion
+/// follows the step by tens of milliseconds, so few steps wait here at once).
+const RECHECK_IN_FLIGHT_MS: Millis = 250;
+
 /// The last look at the pod a set's last step released.
 struct PodCheck {
     partition: u32,
@@ -48,8 +53,8 @@ struct PodCheck {
     /// The set's resourceVersion when we looked: a change is worth another look.
     resource_version: String,
     at: Millis,
-    /// When it was first seen re-created from the update revision (our clock, read
-    /// after the answer came: never earlier than the creation).
+    /// When the old pod was first seen deleted (our clock, read after the answer came,
+    /// or the API server's stamps: never earlier than the deletion).
     seen_at: Option<Millis>,
     settled: bool,
 }
@@ -312,8 +317,9 @@ impl PartitionReleaser {
     }
 
     /// Looks at the pod each held set's last step released (one GET per set whose
-    /// object changed since the last look, or after RECHECK_MS) and marks it in flight,
-    /// starting (seen re-created) or settled. Returns false when some were left for the
+    /// object changed since the last look, or after RECHECK_IN_FLIGHT_MS / RECHECK_MS)
+    /// and marks it in flight (old pod not deleted yet), starting (seen deleted, the
+    /// replacement not Ready yet) or settled. Returns false when some were left for the
     /// next round.
     async fn look_at_released_pods(
         &mut self,
@@ -343,8 +349,13 @@ impl PartitionReleaser {
                     (Some(at), false) => Released::Starting { at },
                     (None, _) => Released::InFlight,
                 };
+                let again = if check.seen_at.is_some() {
+                    RECHECK_MS
+                } else {
+                    RECHECK_IN_FLIGHT_MS
+                };
                 let fresh =
-                    check.resource_version == set.resource_version && now < check.at + RECHECK_MS;
+                    check.resource_version == set.resource_version && now < check.at + again;
                 if check.settled || fresh {
                     continue;
                 }
@@ -381,8 +392,10 @@ impl PartitionReleaser {
                     // Read after the answer: never earlier than what it shows.
                     let at = now_millis();
                     let progress = match answer {
-                        Ok(Some(p)) => Some((pod_progress(&p, &revision), created_by(&p, at))),
-                        Ok(None) => Some((PodProgress::NotUpdated, at)),
+                        Ok(p) => Some((
+                            pod_progress(p.as_ref(), &revision),
+                            deleted_by(p.as_ref(), at),
+                        )),
                         Err(e) => {
                             metrics
                                 .releaser_api_errors
@@ -410,8 +423,10 @@ impl PartitionReleaser {
                 .filter(|c| c.partition == set.partition && c.revision == revision)
                 .and_then(|c| c.seen_at);
             let seen_at = match progress {
-                PodProgress::NotUpdated => None,
-                PodProgress::Updated | PodProgress::Ready => Some(earlier.unwrap_or(at)),
+                PodProgress::NotDeleted => None,
+                PodProgress::Deleted | PodProgress::Updated | PodProgress::Ready => {
+                    Some(earlier.unwrap_or(at))
+                }
             };
             let settled = progress == PodProgress::Ready;
             set.released = match (seen_at, settled) {
@@ -616,7 +631,7 @@ impl PartitionReleaser {
                     "WaitingForReady",
                     format!(
                         "{} StatefulSet rollout(s) in this namespace wait for their next partition step: \
-                         rule {:?} has {not_ready} re-created pod(s) not Ready yet (maxNotReady {max}); \
+                         rule {:?} has {not_ready} released pod(s) not Ready yet (maxNotReady {max}); \
                          steps resume as they become Ready, then at {}.",
                         w.sets,
                         &*w.rule,
@@ -697,14 +712,20 @@ impl Rounds for PartitionReleaser {
         self.send_waiting_events(&plan, &sets.held, leadership, now)
             .await;
 
-        // A pod still starting is looked at again soon even if nothing changes.
-        let pending = sets
+        // A pod still in flight or starting is looked at again soon even if nothing
+        // changes: one whose deletion is not seen yet holds a slot, so sooner.
+        let again = sets
             .held
             .iter()
-            .any(|s| matches!(s.released, Released::InFlight | Released::Starting { .. }));
+            .filter_map(|s| match s.released {
+                Released::InFlight => Some(RECHECK_IN_FLIGHT_MS),
+                Released::Starting { .. } => Some(RECHECK_MS),
+                Released::None | Released::Settled { .. } => None,
+            })
+            .min();
         let mut wake = plan.wake_at;
-        if pending {
-            let again = now + RECHECK_MS;
+        if let Some(again) = again {
+            let again = now + again;
             wake = Some(wake.map_or(again, |w| w.min(again)));
         }
         if !looked {

@@ -12,15 +12,18 @@
 //! left to roll, the target reached, a set someone else took over) cost nothing.
 //!
 //! The windows count what a step causes, not when it was sent: the controller deletes
-//! and re-creates the pod some time later (measured up to 2 s after a mass update), and
-//! that delay varies, so steps spaced by the limit would not keep deletions within it.
-//! A step therefore counts in its rule's windows at "now" from the moment it is taken
-//! until its pod is seen re-created, and from then on at the time it was seen, which is
-//! never earlier than the deletion and the creation it caused. Then no window of
-//! deletions, of creations or of steps can hold more than the limit. The windows are
-//! rebuilt every round from the sets (the times recorded in `partition-stepped-at`, the
-//! pods in flight), so a restart or a failover opens no burst. The webhook never charges
-//! a partition rule, so nothing else shares these windows.
+//! the old pod some time later (measured up to 3.6 s after a mass update), and that
+//! delay varies, so steps spaced by the limit would not keep deletions within it. A step
+//! therefore counts in its rule's windows at "now" from the moment it is taken until its
+//! old pod is seen deleted (being deleted, or gone), and from then on at the time it was
+//! seen, which is never earlier than the deletion. Then no window of deletions or of
+//! steps can hold more than the limit. Termination and the replacement's start overlap
+//! other steps: the replacement pod is not counted here; it is paced where the CNI does
+//! its work, by a gate rule on StatefulSet pod creations (the built-in policy's
+//! `statefulset-creates`), in the gate releaser's windows. The windows are rebuilt every
+//! round from the sets (the times recorded in `partition-stepped-at`, the pods in
+//! flight), so a restart or a failover opens no burst. The webhook never charges a
+//! partition rule, so nothing else shares these windows.
 
 use super::plan::{longest_window, rule_window};
 use crate::limiter::{spaced_after, Millis};
@@ -37,16 +40,17 @@ pub const MAX_STEP_RECORDS: usize = 100;
 pub enum Released {
     /// The partition is at or above `replicas`: no pod has been released.
     None,
-    /// Not yet seen re-created from the update revision (or not looked at yet).
+    /// The old pod is not yet seen deleted (or not looked at yet).
     InFlight,
-    /// Seen re-created from the update revision at `at`, not Ready yet.
+    /// The old pod was seen deleted at `at`; its replacement is not updated and Ready
+    /// yet (terminating, not created, gated or starting).
     Starting { at: Millis },
-    /// Updated and Ready; seen re-created at `at`.
+    /// The replacement is updated and Ready; the old pod was seen deleted at `at`.
     Settled { at: Millis },
 }
 
 impl Released {
-    /// When the step's pod was seen re-created: the step's time in the windows.
+    /// When the step's old pod was seen deleted: the step's time in the windows.
     fn seen_at(self) -> Option<Millis> {
         match self {
             Released::Starting { at } | Released::Settled { at } => Some(at),
@@ -76,7 +80,7 @@ pub struct HeldSet {
     pub target: Option<u32>,
     /// `partition-held`; None when missing or unreadable.
     pub held: Option<u32>,
-    /// `partition-stepped-at`: when the pods of earlier steps were seen re-created,
+    /// `partition-stepped-at`: when the old pods of earlier steps were seen deleted,
     /// oldest first (the last step's time is in `released` until the next write).
     pub stepped_at: Vec<Millis>,
     /// `partition-held-since`.
@@ -228,8 +232,8 @@ pub struct Waiting {
     /// Index of the set that goes next here (the one an Event is attached to).
     pub head: usize,
     pub blocked: Blocked,
-    /// Estimated wait for the next step here (None: waits until pods of earlier steps
-    /// are re-created, or Ready).
+    /// Estimated wait for the next step here (None: waits until old pods of earlier
+    /// steps are seen deleted, or their replacements Ready).
     pub next_in_ms: Option<Millis>,
     /// Held sets of the rule in the whole cluster, and pods their steps still release.
     pub rule_sets: usize,
@@ -257,7 +261,7 @@ pub struct StepInputs<'a> {
     pub held: &'a [HeldSet],
     pub records: &'a [Record],
     /// Steps this process took (their decision times), for the spacing: a step's pod is
-    /// seen re-created seconds later, so spacing by seen times would serialise steps.
+    /// seen deleted some time later, so spacing by seen times would serialise steps.
     pub taken: &'a [TakenStep],
     pub policy: &'a Policy,
     pub now: Millis,
@@ -284,7 +288,7 @@ fn window_for(policy: &Policy, rule: &str) -> Millis {
 }
 
 /// The value of `partition-stepped-at` to write now: the recorded times and the last
-/// step's (if its pod was seen re-created) that are still inside `window`, newest
+/// step's (if its old pod was seen deleted) that are still inside `window`, newest
 /// `MAX_STEP_RECORDS` at most.
 pub fn record_now(set: &HeldSet, window: Millis, now: Millis) -> Vec<Millis> {
     let mut kept: Vec<Millis> = set
@@ -300,8 +304,8 @@ pub fn record_now(set: &HeldSet, window: Millis, now: Millis) -> Vec<Millis> {
     kept.split_off(skip)
 }
 
-/// The steps a rule's windows hold, per limit and scope key: the times they were seen
-/// re-created, and how many are still in flight (they count as "now").
+/// The steps a rule's windows hold, per limit and scope key: the times their old pods
+/// were seen deleted, and how many are still in flight (they count as "now").
 struct Windows<'r> {
     rule: &'r Rule,
     seen: Vec<HashMap<Option<String>, Vec<Millis>>>,
@@ -349,7 +353,7 @@ impl<'r> Windows<'r> {
     }
 
     /// Ok when one more step of `namespace` fits every limit now; else when it will
-    /// (None: only once a step in flight is seen re-created).
+    /// (None: only once the old pod of a step in flight is seen deleted).
     fn room(&self, namespace: &str, now: Millis) -> Result<(), Option<Millis>> {
         let mut wake: Option<Millis> = Some(now);
         let mut fits = true;

@@ -137,26 +137,36 @@ pub fn update_revision(sts: &StatefulSet) -> Option<&str> {
     status.update_revision.as_deref()
 }
 
-/// How far the pod a step released has come.
+/// How far the step's pod has come: the old pod's deletion (what the deletion windows
+/// count), then its replacement from the update revision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodProgress {
-    /// Still the old pod (or being deleted, or gone).
-    NotUpdated,
-    /// Re-created from the update revision, not Ready yet.
+    /// Still the old pod, not being deleted: the step has not taken effect yet.
+    NotDeleted,
+    /// The old pod is being deleted or gone; no replacement from the update revision
+    /// yet (or it is being deleted too).
+    Deleted,
+    /// Re-created from the update revision (perhaps still behind the gate), not Ready.
     Updated,
     /// Re-created from the update revision and Ready.
     Ready,
 }
 
-pub fn pod_progress(pod: &Pod, update_revision: &str) -> PodProgress {
+/// What a GET of the step's pod shows (None: the pod does not exist).
+pub fn pod_progress(pod: Option<&Pod>, update_revision: &str) -> PodProgress {
+    let Some(pod) = pod else {
+        return PodProgress::Deleted;
+    };
     let updated = pod
         .metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(REVISION_LABEL))
         .is_some_and(|r| r == update_revision);
-    if !updated || pod.metadata.deletion_timestamp.is_some() {
-        return PodProgress::NotUpdated;
+    match (updated, pod.metadata.deletion_timestamp.is_some()) {
+        (_, true) => return PodProgress::Deleted,
+        (false, false) => return PodProgress::NotDeleted,
+        (true, false) => {}
     }
     let ready = pod
         .status
@@ -275,16 +285,29 @@ pub fn cleanup_patch(resource_version: &str, annotations: &BTreeMap<String, Stri
     Patch(ops)
 }
 
-/// No earlier than the pod's creation: when it was seen (`seen`, read after the answer),
-/// or its creationTimestamp rounded up to the next second if that is sooner (a pod
-/// re-created long before a new leader first looks at it). The second bound reads the
-/// API server's clock; skew between it and this replica's clock shifts it by as much.
-pub fn created_by(pod: &Pod, seen: Millis) -> Millis {
-    pod.metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
-        .map_or(seen, |t| seen.min(t - t % 1_000 + 1_000))
+/// When the step's deletion counts, no earlier than the DELETE that carried it out:
+/// when it was seen (`seen`, read after the answer), or sooner from the API server's
+/// stamps, for a deletion that happened long before a new leader first looks: a
+/// replacement's creationTimestamp (it is created after the old pod is gone) or the old
+/// pod's deletionTimestamp less its grace period (the DELETE's time), each rounded up
+/// to the next second, as the stamps are truncated to seconds. Skew between the API
+/// server's clock and this replica's shifts the second bound by as much.
+pub fn deleted_by(pod: Option<&Pod>, seen: Millis) -> Millis {
+    let Some(meta) = pod.map(|p| &p.metadata) else {
+        return seen;
+    };
+    let millis = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| {
+        u64::try_from(t.0.as_millisecond()).ok()
+    };
+    let stamp = match (&meta.deletion_timestamp, &meta.creation_timestamp) {
+        (Some(deleting), _) => {
+            let grace = meta.deletion_grace_period_seconds.unwrap_or(0).max(0) as u64;
+            millis(deleting).map(|t| t.saturating_sub(grace * 1_000))
+        }
+        (None, Some(created)) => millis(created),
+        (None, None) => None,
+    };
+    stamp.map_or(seen, |t| seen.min(t - t % 1_000 + 1_000))
 }
 
 #[cfg(test)]
@@ -463,7 +486,12 @@ mod tests {
             (
                 "old revision, Ready",
                 pod("db-old", "True", false),
-                PodProgress::NotUpdated,
+                PodProgress::NotDeleted,
+            ),
+            (
+                "old revision, being deleted",
+                pod("db-old", "True", true),
+                PodProgress::Deleted,
             ),
             (
                 "updated, not Ready",
@@ -473,12 +501,13 @@ mod tests {
             (
                 "updated, Ready, being deleted",
                 pod("db-new", "True", true),
-                PodProgress::NotUpdated,
+                PodProgress::Deleted,
             ),
         ];
         for (case, p, want) in cases {
-            assert_eq!(pod_progress(&p, "db-new"), want, "{case}");
+            assert_eq!(pod_progress(Some(&p), "db-new"), want, "{case}");
         }
+        assert_eq!(pod_progress(None, "db-new"), PodProgress::Deleted, "gone");
     }
 
     fn apply(s: &StatefulSet, patch: &Patch) -> Result<Value, json_patch::PatchError> {
@@ -581,33 +610,45 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_counts_from_when_it_was_seen_or_the_second_after_its_creation_stamp() {
-        let pod = |created: Option<&str>| -> Pod {
+    fn a_deletion_counts_from_when_it_was_seen_or_the_second_after_its_stamps() {
+        let pod = |created: Option<&str>, deleting: Option<(&str, i64)>| -> Pod {
             let mut meta = serde_json::json!({ "name": "db-2" });
             if let Some(c) = created {
                 meta["creationTimestamp"] = serde_json::json!(c);
             }
+            if let Some((d, grace)) = deleting {
+                meta["deletionTimestamp"] = serde_json::json!(d);
+                meta["deletionGracePeriodSeconds"] = serde_json::json!(grace);
+            }
             serde_json::from_value(serde_json::json!({ "metadata": meta })).expect("pod json")
         };
         let t = 1_767_323_045_000; // 2026-01-02T03:04:05Z
-                                   // (case, creationTimestamp, seen at, counted from)
+        let old = Some("2026-01-01T00:00:00Z");
+        // (case, pod, seen at, counted from)
         let cases = [
             (
-                "seen at once",
-                Some("2026-01-02T03:04:05Z"),
+                "old pod deleting, seen at once",
+                Some(pod(old, Some(("2026-01-02T03:04:35Z", 30)))),
                 t + 300,
                 t + 300,
             ),
             (
-                "seen long after (a new leader): the second after its stamp",
-                Some("2026-01-02T03:04:05Z"),
+                "old pod deleting, seen by a new leader 50 s on: the DELETE's second + 1 s",
+                Some(pod(old, Some(("2026-01-02T03:04:35Z", 30)))),
+                t + 50_000,
+                t + 1_000,
+            ),
+            (
+                "replacement seen long after: the second after its creation",
+                Some(pod(Some("2026-01-02T03:04:05Z"), None)),
                 t + 60_000,
                 t + 1_000,
             ),
-            ("no stamp", None, t + 60_000, t + 60_000),
+            ("gone", None, t + 60_000, t + 60_000),
+            ("no stamps", Some(pod(None, None)), t + 60_000, t + 60_000),
         ];
-        for (case, created, seen, want) in cases {
-            assert_eq!(created_by(&pod(created), seen), want, "{case}");
+        for (case, p, seen, want) in cases {
+            assert_eq!(deleted_by(p.as_ref(), seen), want, "{case}");
         }
     }
 }

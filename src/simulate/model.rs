@@ -462,6 +462,9 @@ struct Pod {
     step_pending: bool,
     /// When this incarnation was created.
     created_at: Millis,
+    /// When the last DELETE of this ordinal took effect (StatefulSet pods keep their
+    /// index across incarnations).
+    deleted_at: Millis,
 }
 
 #[derive(Debug, Clone)]
@@ -587,9 +590,9 @@ struct PartitionState {
     records: Vec<Record>,
     /// Real releasers: the steps taken, for the spacing (as the controller keeps them).
     taken: Vec<TakenStep>,
-    /// Model releaser: steps whose pod is not re-created yet, per namespace. Like the
-    /// real releaser, a step counts in the window from the step until its pod is
-    /// re-created, and at the re-creation from then on.
+    /// Model releaser: steps whose old pod is not deleted yet, per namespace. Like the
+    /// real releaser, a step counts in the window from the step until its old pod is
+    /// deleted, and at the deletion from then on.
     in_flight: HashMap<u32, u32>,
     /// StatefulSets whose previous step is Ready and that have steps left.
     queue: FairQueue,
@@ -659,6 +662,10 @@ pub struct Sim<'a> {
 
 const UNLABELLED_NAMESPACE: &str = "unthrottled";
 
+/// How long after a step's DELETE the real partition releaser sees it: its look again at
+/// a step in flight (RECHECK_IN_FLIGHT_MS of releaser/partition.rs), at the latest.
+const DELETION_SEEN_AFTER: Millis = 250;
+
 impl<'a> Sim<'a> {
     pub fn new(sc: &'a Scenario, action: SimAction) -> Result<Sim<'a>, String> {
         let policy = sc.policy(action)?;
@@ -684,6 +691,7 @@ impl<'a> Sim<'a> {
                     gate_pending: None,
                     step_pending: false,
                     created_at: 0,
+                    deleted_at: 0,
                 });
             }
             sets.push(Sts {
@@ -742,6 +750,7 @@ impl<'a> Sim<'a> {
                     gate_pending: None,
                     step_pending: false,
                     created_at: 0,
+                    deleted_at: 0,
                 });
             }
             deps.push(dep);
@@ -1479,12 +1488,22 @@ impl<'a> Sim<'a> {
                 }
                 pod.phase = Phase::Terminating;
                 pod.down_since = Some(now);
+                pod.deleted_at = now;
                 let generation = pod.generation;
+                let stepped = pod.step_pending;
                 if self.throttled_pod(p) {
                     self.out.deletions.push(now);
                 }
                 let gone = now + self.delay(p, generation, 1, self.sc.terminate);
                 self.at(gone, Ev::PodGone { pod: p, generation });
+                if stepped {
+                    // The step took effect: it counts at its deletion from now on.
+                    if self.sc.real_releasers {
+                        self.wake_partition(now + DELETION_SEEN_AFTER);
+                    } else {
+                        self.step_took_effect(p);
+                    }
+                }
                 self.enqueue_owner(p);
             }
             Req::Create(p) => {
@@ -1500,9 +1519,6 @@ impl<'a> Sim<'a> {
                 pod.created_at = now;
                 // Below the partition the controller re-creates the current revision.
                 pod.updated = pod.ordinal >= partition;
-                if pod.step_pending && !self.sc.real_releasers {
-                    self.step_took_effect(p);
-                }
                 self.created(p, gate);
             }
             Req::CreateForReplicaSet(d) => {
@@ -1521,6 +1537,7 @@ impl<'a> Sim<'a> {
                     gate_pending: None,
                     step_pending: false,
                     created_at: now,
+                    deleted_at: 0,
                 });
                 self.created(p, gate);
             }
@@ -1675,8 +1692,8 @@ impl<'a> Sim<'a> {
         self.at(at, Ev::PartitionWake);
     }
 
-    /// Model releaser: the pod a step released is re-created; the step now counts at
-    /// this time in the window instead of "now".
+    /// Model releaser: the old pod of a step is deleted; the step now counts at this
+    /// time in the window instead of "now".
     fn step_took_effect(&mut self, pod: u32) {
         let now = self.now;
         let Owner::Sts(s) = self.pods[pod as usize].owner else {
@@ -1964,13 +1981,18 @@ impl<'a> Sim<'a> {
                 let released = if sts.partition >= sts.replicas {
                     Released::None
                 } else {
-                    // The real releaser sees a re-created pod a little after its creation;
-                    // the model sees it at once.
+                    // The real releaser sees the deletion at its next look at the pod.
                     let pod = &self.pods[(sts.first_pod + sts.partition) as usize];
-                    match (pod.updated, pod.phase == Phase::Ready) {
+                    let at = pod.deleted_at + DELETION_SEEN_AFTER;
+                    let deleted =
+                        pod.updated || matches!(pod.phase, Phase::Terminating | Phase::Absent);
+                    match (
+                        deleted && at <= now,
+                        pod.updated && pod.phase == Phase::Ready,
+                    ) {
                         (false, _) => Released::InFlight,
-                        (true, false) => Released::Starting { at: pod.created_at },
-                        (true, true) => Released::Settled { at: pod.created_at },
+                        (true, false) => Released::Starting { at },
+                        (true, true) => Released::Settled { at },
                     }
                 };
                 HeldSet {

@@ -216,7 +216,7 @@ impl Default for ScenarioFile {
             limit: "20/10s".into(),
             max_hold: "5s".into(),
             max_retry_after: "30s".into(),
-            max_not_ready: 50,
+            max_not_ready: 200,
             pace_creates: false,
             workers: 5,
             deployment_workers: 5,
@@ -504,9 +504,9 @@ impl Scenario {
                  users: [{STATEFULSET_CONTROLLER}, {REPLICASET_CONTROLLER}]\n    limit: {limit}\n    action: {action}{extra}\n"
             )
         };
-        let creates = |kinds: &str| {
+        let creates = |name: &str, kinds: &str| {
             format!(
-                "  - name: controller-creates\n    match:\n      resources: [pods]\n      operations: [CREATE]\n      \
+                "  - name: {name}\n    match:\n      resources: [pods]\n      operations: [CREATE]\n      \
                  controllerKinds: [{kinds}]\n    limit: {limit}\n    action: gate{max_not_ready}\n"
             )
         };
@@ -536,11 +536,14 @@ impl Scenario {
                     d(self.max_retry_after)
                 ),
             ),
-            SimAction::Gate => creates("StatefulSet, ReplicaSet"),
+            SimAction::Gate => creates("controller-creates", "StatefulSet, ReplicaSet"),
+            // The built-in policy's shapes: steps paced by the partition rule, the
+            // replacements' starts by a gate rule of their own.
             SimAction::Partition => format!(
                 "  - name: statefulset-rollouts\n    match:\n      resources: [statefulsets]\n      operations: [UPDATE]\n    \
-                 limit: {limit}\n    action: partition{max_not_ready}\n{}",
-                creates("ReplicaSet")
+                 limit: {limit}\n    action: partition{max_not_ready}\n{}{}",
+                creates("statefulset-creates", "StatefulSet"),
+                creates("controller-creates", "ReplicaSet")
             ),
         };
         let rules = if rules.is_empty() {

@@ -611,6 +611,49 @@ fn check_invariants(releasers: &str) {
     assert!(by(SimAction::Hold).holds > 0, "hold holds");
 }
 
+/// The partition path with slow pods: a step counts until its old pod is deleted, the
+/// replacements pass the StatefulSet gate rule, so deletions and starts both keep the rate
+/// and terminations overlap; the makespan stays near the ideal plus one pod's own restart.
+#[test]
+fn partition_keeps_the_rate_whatever_pods_take_to_stop() {
+    for terminate_s in [1, 10, 30] {
+        let file = ScenarioFile {
+            releasers: "real".into(),
+            deployments: 0,
+            terminate: format!("{terminate_s}s"),
+            start: "lognormal(4s, 0.2)".into(),
+            statefulsets: 100,
+            max_not_ready: 0,
+            ..small(&["partition"])
+        };
+        let sc = file.build().expect("scenario");
+        let r = &run(&file)[0];
+        let case = format!("terminate {terminate_s} s");
+        assert_eq!(r.converged, r.workloads, "{case}: converged");
+        assert_eq!((r.refused, r.errors, r.worker_blocked), (0, 0, 0), "{case}");
+        for (what, times) in [("deletions", &r.deletions), ("starts", &r.starts)] {
+            let peak = peak_in_window(times, sc.window);
+            assert!(
+                peak <= sc.events as usize,
+                "{case}: {peak} {what} in a window"
+            );
+        }
+        // 300 pods at 10 per 5 s: 150 s (more than one set's 3 pods one after the
+        // other take); plus one pod's stop and start (median 4 s).
+        let ideal = 150_000 + terminate_s * 1_000 + 4_000;
+        let makespan = r.makespan.expect("makespan");
+        assert!(
+            makespan as f64 <= 1.10 * ideal as f64,
+            "{case}: makespan {makespan} ms against {ideal} ms"
+        );
+        let p50 = percentile(&r.outages, 0.5).expect("outages");
+        assert!(
+            p50 <= terminate_s * 1_000 + 4_000 + sc.window,
+            "{case}: outage p50 {p50} ms"
+        );
+    }
+}
+
 #[test]
 fn runs_are_deterministic() {
     let file = small(&["retry-after", "gate"]);

@@ -133,6 +133,9 @@ def analyze(a):
     # the new pod right after its creation (its delete stage acting on the old pod's
     # name); the controller then creates it again: counted apart, as `recreated_again`.
     deletes, creates, refused = [], [], []
+    # At the effect (answer times): the first deletion per pod, the first gate lift by the
+    # releaser and the first binding by the scheduler per pod (a start, where the CNI works).
+    deletes_done, lifts_done, binds_done = {}, {}, {}
     recreated_again = 0
     codes = {}
     audit_steps = []  # (receive time, "ns/name", to)
@@ -159,6 +162,16 @@ def analyze(a):
                         audit_steps.append((t, f'{ref.get("namespace")}/{ref.get("name")}', op.get("value")))
         if ref.get("namespace") not in paced or t < a.t_change:
             continue
+        done_t = ms(e["stageTimestamp"])
+        pod_key = f'{ref.get("namespace")}/{ref.get("name")}'
+        if ref.get("resource") == "pods" and ref.get("subresource") == "binding" and e.get("verb") == "create" and code == 201:
+            binds_done.setdefault(pod_key, done_t)
+        if ref.get("resource") == "pods" and not ref.get("subresource") and e.get("verb") == "patch" \
+                and user == a.releaser_user and 200 <= code < 300:
+            lifts_done.setdefault(pod_key, done_t)
+        if ref.get("resource") == "pods" and not ref.get("subresource") and e.get("verb") == "delete" \
+                and user == STS_CONTROLLER and code == 200:
+            deletes_done.setdefault(pod_key, done_t)
         if ref.get("resource") == "pods" and not ref.get("subresource") and user == STS_CONTROLLER and 200 <= code < 300:
             key = f'{ref.get("namespace")}/{ref.get("name")}'
             verb = e.get("verb")
@@ -223,6 +236,15 @@ def analyze(a):
     jitter = lags[-1] - lags[0] if lags else 0
     res["watch_jitter_ms"] = jitter
 
+    # A re-created pod keeps its name, so its binding is the first one after its old pod's
+    # deletion; the setup's bindings (before the change) were dropped above by t_change.
+    effect = {"effect_deletes": sorted(deletes_done.values()),
+              "effect_lifts": sorted(lifts_done.values()),
+              "effect_binds": sorted(binds_done.values())}
+    for name, times in effect.items():
+        res[name] = len(times)
+        res[f"worst_{name}"] = worst_window(times, window)[0]
+        res[f"worst_{name}_1s"] = worst_window(times, 1000)[0]
     for name, times in [("steps", step_times), ("deletes", deletes), ("creates", creates),
                         ("watch_deletes", watch_deletes), ("watch_creates", watch_creates)]:
         worst, at = worst_window(times, window)

@@ -532,12 +532,18 @@ policy_for() {
       gate)
         echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, maxNotReady: $LIMIT, action: gate }" ;;
       partition)
-        echo "  - { name: sts-rollouts, match: { resources: [statefulsets], operations: [UPDATE] }, limit: $lim, maxNotReady: $LIMIT, action: partition }" ;;
+        # As the built-in policy: the steps pace the deletions, the gate the starts.
+        echo "  - { name: sts-rollouts, match: { resources: [statefulsets], operations: [UPDATE] }, limit: $lim, maxNotReady: $LIMIT, action: partition }"
+        echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, maxNotReady: $LIMIT, action: gate }" ;;
       retry-after|hold|deny)
         local extra=""
         [[ "$action" == hold ]] && extra=", maxHold: 5s"
+        # The action paces the deletions; the creations start behind the gate, as in the
+        # built-in policy. The same blocking action on both would make each of the
+        # StatefulSet controller's 5 workers wait twice per pod, and under the spacing
+        # those waits come one after the other (docs/e2e-results.md: 1.8 x the ideal).
         echo "  - { name: sts-deletes, match: { resources: [pods], operations: [DELETE], users: [$STS_CONTROLLER] }, limit: $lim, action: $action$extra }"
-        echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, action: $action$extra }" ;;
+        echo "  - { name: sts-creates, match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }, limit: $lim, maxNotReady: $LIMIT, action: gate }" ;;
     esac
     cat <<EOF
 exempt:
@@ -802,7 +808,7 @@ print("yes" if nz(a) == nz(b) else "no: /metrics %s, prometheus %s" % (nz(a), nz
       ;;
     retry-after|hold|deny)
       local dc dd dr
-      dc=$(jsum "$PROM" "^sts-creates CREATE (allow|hold)$")
+      dc=$(jsum "$PROM" "^sts-creates CREATE (allow|gate)$")
       dd=$(jsum "$PROM" "^sts-deletes DELETE (allow|hold)$")
       dr=$(jsum "$PROM" " (retry-after|deny)$")
       check "[$tag] counters match: admitted creations $dc = $creates seen by the watch = $a_create in the audit log; deletions $dd = $deletes, $a_delete in the audit log (a DELETE of a pod already terminating is answered 200 too); refused (429) $dr = $p429 in the audit log" \
@@ -853,13 +859,13 @@ for action in $ACTIONS; do
   per_s=$(( (LIMIT + WINDOW - 1) / WINDOW + ${BURST:-2} ))
   case "$action" in
     gate) effects="binds" ;;
-    *) effects="deletes creates" ;;
+    *) effects="deletes binds" ;;
   esac
   for e in $effects; do
     n=$(jget "$R" "effect_$e"); mx=$(jget "$R" "effect_${e}_max"); m1=$(jget "$R" "effect_${e}_max_1s")
-    if [[ $action == partition ]]; then
+    if [[ $action == partition && $e == deletes ]]; then
       # The releaser spaces its steps (checked below); the StatefulSet controller then
-      # deletes and re-creates on its own schedule, which can bunch within a second.
+      # deletes on its own schedule, which can bunch within a second.
       check "[$action] at the effect ($e, at their answers in the audit log): at most $LIMIT in any ${WINDOW} s window ($mx; per 1 s: $m1, not bounded by the steps' spacing), all $((STS * REPLICAS)) counted ($n)" \
         test "$n" -eq $((STS * REPLICAS)) -a "$mx" -le "$LIMIT"
     else
@@ -876,22 +882,14 @@ for action in $ACTIONS; do
   case "$action" in
     gate) lo_hi="pod starts by the release patches: inside $(jget "$R" proven_starts), overlapping $(jget "$R" overlap_starts)"
           inside_ok=$(( $(jget "$R" proven_starts) <= LIMIT )) ;;
-    *) lo_hi="deletions inside $(jget "$R" proven_deletes), overlapping $(jget "$R" overlap_deletes); creations inside $(jget "$R" proven_creates), overlapping $(jget "$R" overlap_creates)"
-       inside_ok=$(( $(jget "$R" proven_deletes) <= LIMIT && $(jget "$R" proven_creates) <= LIMIT )) ;;
+    *) lo_hi="deletions inside $(jget "$R" proven_deletes), overlapping $(jget "$R" overlap_deletes); starts (ungated creations and release patches) inside $(jget "$R" proven_starts), overlapping $(jget "$R" overlap_starts)"
+          inside_ok=$(( $(jget "$R" proven_deletes) <= LIMIT && $(jget "$R" proven_starts) <= LIMIT )) ;;
   esac
   check "[$action] no ${WINDOW} s window certainly holds more than $LIMIT paced requests ($lo_hi; watch: starts $(jget "$R" max_starts_exact), deletions $(jget "$R" max_deletes_exact), creations $(jget "$R" max_creates_exact))" \
     test "$inside_ok" -eq 1
   check "[$action] the bindings at their answers lie between their requests' bounds: inside $(jget "$R" effect_binds_inside) <= $(jget "$R" effect_binds_max) <= overlapping $(jget "$R" effect_binds_overlap)" \
     test "$(jget "$R" effect_binds_inside)" -le "$(jget "$R" effect_binds_max)" -a "$(jget "$R" effect_binds_max)" -le "$(jget "$R" effect_binds_overlap)"
-  # Gate and partition keep no client waiting: 1.15 x the ideal. Hold, retry-after and
-  # deny answer the StatefulSet controller's own requests: its 5 workers wait in (or
-  # retry into) one rule's queue of spaced slots at a time, so deletions and creations
-  # are served one after the other, at best every paced event one spacing apart.
-  bound=$(python3 -c "
-ideal = float('$(jget "$R" ideal_s)')
-spacing = ($WINDOW_MS + min(500, $WINDOW_MS // 20)) / $LIMIT / 1000
-serial = 2 * $((STS * REPLICAS)) * spacing if '${BURST:-2}' != '$LIMIT' else ideal
-print(round(1.15 * (ideal if '$action' in ('gate', 'partition') else serial), 1))")
+  bound=$(python3 -c "print(round(1.15 * float('$(jget "$R" ideal_s)'), 1))")
   check "[$action] makespan $(jget "$R" makespan_s) s within $bound s (ratio to the ideal $(jget "$R" ideal_s) s: $(jget "$R" ratio))" \
     python3 -c "import sys; m='$(jget "$R" makespan_s)'; sys.exit(0 if m not in ('', 'None') and float(m) <= $bound else 1)"
   check "[$action] every watched event has its request in the audit log ($(jget "$R" proven_unmatched) without)" test "$(jget "$R" proven_unmatched)" -eq 0
@@ -903,7 +901,7 @@ print(round(1.15 * (ideal if '$action' in ('gate', 'partition') else serial), 1)
   if [[ "$action" == gate ]]; then
     peak="binds $(jget "$R" effect_binds_max) per ${WINDOW} s, $(jget "$R" effect_binds_max_1s) per 1 s (release requests inside/overlapping $(jget "$R" proven_starts)/$(jget "$R" overlap_starts); watch $(jget "$R" max_starts_exact))"
   else
-    peak="deletes $(jget "$R" effect_deletes_max)/$(jget "$R" effect_deletes_max_1s), creates $(jget "$R" effect_creates_max)/$(jget "$R" effect_creates_max_1s) per ${WINDOW} s/1 s (inside/overlapping $(jget "$R" proven_deletes)/$(jget "$R" overlap_deletes), $(jget "$R" proven_creates)/$(jget "$R" overlap_creates); watch $(jget "$R" max_deletes_exact), $(jget "$R" max_creates_exact))"
+    peak="deletes $(jget "$R" effect_deletes_max)/$(jget "$R" effect_deletes_max_1s), binds $(jget "$R" effect_binds_max)/$(jget "$R" effect_binds_max_1s) per ${WINDOW} s/1 s (creates $(jget "$R" effect_creates_max)/$(jget "$R" effect_creates_max_1s), not paced; inside/overlapping $(jget "$R" proven_deletes)/$(jget "$R" overlap_deletes), starts $(jget "$R" proven_starts)/$(jget "$R" overlap_starts))"
   fi
   rows+=("mass|$action|$((STS * REPLICAS))|$(jget "$R" makespan_s)|$(jget "$R" ideal_s)|$(jget "$R" ratio)|$peak|$P429|$col|$IDLE_S|$(secs "$LAST_SPREAD")")
 done
