@@ -166,8 +166,10 @@ def analyze(a):
         pod_key = f'{ref.get("namespace")}/{ref.get("name")}'
         if ref.get("resource") == "pods" and ref.get("subresource") == "binding" and e.get("verb") == "create" and code == 201:
             binds_done.setdefault(pod_key, done_t)
+        ops = e.get("requestObject")
+        lifts = isinstance(ops, list) and any(str(op.get("path", "")).startswith("/spec/schedulingGates") for op in ops)
         if ref.get("resource") == "pods" and not ref.get("subresource") and e.get("verb") == "patch" \
-                and user == a.releaser_user and 200 <= code < 300:
+                and user == a.releaser_user and 200 <= code < 300 and lifts:
             lifts_done.setdefault(pod_key, done_t)
         if ref.get("resource") == "pods" and not ref.get("subresource") and e.get("verb") == "delete" \
                 and user == STS_CONTROLLER and code == 200:
