@@ -63,8 +63,11 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub releasers: Option<String>,
     /// deny, retry-after and hold also pace pod creations (a second rule, same limit).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "gate_creates")]
     pub pace_creates: bool,
+    /// deny, retry-after and hold pace deletions; pod creations go behind the gate.
+    #[arg(long)]
+    pub gate_creates: bool,
     /// Leave out the unthrottled StatefulSet.
     #[arg(long)]
     pub no_collateral: bool,
@@ -119,6 +122,11 @@ impl SimulateArgs {
         );
         if self.pace_creates {
             f.pace_creates = true;
+            f.gate_creates = false;
+        }
+        if self.gate_creates {
+            f.gate_creates = true;
+            f.pace_creates = false;
         }
         if self.no_collateral {
             f.collateral = false;

@@ -163,9 +163,12 @@ pub struct ScenarioFile {
     pub max_retry_after: String,
     /// Released pods not yet Ready, for gate and partition; 0 for no cap.
     pub max_not_ready: u32,
-    /// deny, retry-after and hold also pace pod creations (a second rule, same limit),
-    /// as tests/e2e/run.sh does; otherwise they pace deletions only.
+    /// deny, retry-after and hold also pace pod creations (a second rule, same limit,
+    /// same action); otherwise they pace deletions only.
     pub pace_creates: bool,
+    /// deny, retry-after and hold pace the deletions, and pod creations start behind the
+    /// gate (a gate rule, same limit), as the built-in policy and tests/e2e/run.sh do.
+    pub gate_creates: bool,
     /// StatefulSet controller workers (kube-controller-manager --concurrent-statefulset-syncs).
     pub workers: u32,
     /// ReplicaSet/Deployment controller workers.
@@ -218,6 +221,7 @@ impl Default for ScenarioFile {
             max_retry_after: "30s".into(),
             max_not_ready: 200,
             pace_creates: false,
+            gate_creates: false,
             workers: 5,
             deployment_workers: 5,
             max_retries: 10,
@@ -259,7 +263,7 @@ impl ScenarioFile {
             }),
             // tests/e2e/run.sh's mass rollout with its CI defaults (E2E_STS=100 in
             // E2E_NAMESPACES=10, E2E_LIMIT_EVENTS=50 per 10 s, maxNotReady = the limit,
-            // deletions and creations paced by deny/retry-after/hold, kube-controller-manager
+            // deletions paced by deny/retry-after/hold and creations by the gate, kube-controller-manager
             // --kube-api-qps 200 --kube-api-burst 400); kwok makes pods Ready within about
             // a second and finishes deletions almost at once.
             "e2e" => Ok(ScenarioFile {
@@ -271,7 +275,7 @@ impl ScenarioFile {
                 limit: "50/10s".into(),
                 max_not_ready: 50,
                 max_retry_after: "60s".into(),
-                pace_creates: true,
+                gate_creates: true,
                 client_qps: 200.0,
                 client_burst: 400,
                 ..base
@@ -336,6 +340,9 @@ impl ScenarioFile {
         }
         if actions.is_empty() {
             return Err("no actions to compare".into());
+        }
+        if self.pace_creates && self.gate_creates {
+            return Err("paceCreates and gateCreates: choose one way to pace creations".into());
         }
         let real_releasers = match self.releasers.as_str() {
             "model" => false,
@@ -513,7 +520,9 @@ impl Scenario {
         let d = |ms: Millis| format_duration(Duration::from_millis(ms));
         let deletes = |action: &str, extra: &str| {
             let mut rules = deletes(action, extra);
-            if self.file.pace_creates {
+            if self.file.gate_creates {
+                rules += &creates("paced-creates", "StatefulSet, ReplicaSet");
+            } else if self.file.pace_creates {
                 rules += &format!(
                     "  - name: paced-creates\n    match:\n      resources: [pods]\n      operations: [CREATE]\n      \
                      controllerKinds: [StatefulSet, ReplicaSet]\n    limit: {limit}\n    action: {action}{extra}\n"

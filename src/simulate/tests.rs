@@ -611,6 +611,47 @@ fn check_invariants(releasers: &str) {
     assert!(by(SimAction::Hold).holds > 0, "hold holds");
 }
 
+/// A blocking action on the deletions with the creations behind the gate (the built-in
+/// policy's shape and the e2e's): the starts keep the limit, the gate holds the created
+/// pods rather than the workers, and the rollout ends sooner than with the same blocking
+/// action on both, where each worker waits twice per pod.
+#[test]
+fn blocking_actions_with_gated_creations() {
+    let actions = ["deny", "retry-after", "hold"];
+    let gated = run(&ScenarioFile {
+        gate_creates: true,
+        ..small(&actions)
+    });
+    let both = run(&ScenarioFile {
+        pace_creates: true,
+        ..small(&actions)
+    });
+    let sc = small(&actions).build().expect("scenario");
+    for (g, b) in gated.iter().zip(&both) {
+        let name = g.action.expect("action").as_str();
+        assert_eq!(g.converged, g.workloads, "{name}: every workload converges");
+        assert!(g.gated > 0, "{name}: creations went behind the gate");
+        assert_eq!(
+            b.gated, 0,
+            "{name}: nothing gated when the action paces both"
+        );
+        let peak = peak_in_window(&g.starts, sc.window);
+        assert!(
+            peak <= sc.events as usize,
+            "{name}: {peak} starts in a window"
+        );
+        // deny frees the worker at once either way (its cost is the backoff), so only the
+        // actions that keep a worker waiting gain from taking the creations off them.
+        if g.action != Some(SimAction::Deny) {
+            let (g_ms, b_ms) = (g.makespan.expect("gated"), b.makespan.expect("both"));
+            assert!(
+                g_ms < b_ms,
+                "{name}: {g_ms} ms with gated creations, {b_ms} ms with both paced"
+            );
+        }
+    }
+}
+
 /// The partition path with slow pods: a step counts until its old pod is deleted, the
 /// replacements pass the StatefulSet gate rule, so deletions and starts both keep the rate
 /// and terminations overlap; the makespan stays near the ideal plus one pod's own restart.
@@ -747,6 +788,14 @@ fn scenario_files_and_presets() {
             "start",
             ScenarioFile {
                 start: "soon".into(),
+                ..ScenarioFile::default()
+            },
+        ),
+        (
+            "paceCreates with gateCreates",
+            ScenarioFile {
+                pace_creates: true,
+                gate_creates: true,
                 ..ScenarioFile::default()
             },
         ),
