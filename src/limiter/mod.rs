@@ -1,18 +1,26 @@
 //! Exact sliding-window limiter with reservations of future slots.
 //! Pure: time comes in as milliseconds, nothing here reads a clock or sleeps.
 //!
-//! Each bucket keeps its charges in time order. A request of cost `k` fits at time
-//! `t` (not before the bucket's last charge, which keeps every bucket FIFO) when at
-//! most `events - k` charges lie in `(t - window, t]`; so the earliest slot is
-//! `charges[n - 1 - (events - k)] + window`. Slots are only ever appended, which
-//! makes that formula exact for "at most `events` in ANY interval of length `window`".
+//! Each bucket keeps its charges in time order, reserved future slots included. A
+//! request of cost `k` fits at time `t` when every window of length `window` holding
+//! `t` keeps at most `events` charges with it. After the last charge only `(t - window,
+//! t]` matters, so the earliest slot there is `charges[n - 1 - (events - k)] + window`;
+//! before reserved slots a gap may fit, and a bounded number of gaps is examined
+//! (bucket.rs). Reservations (reservations.rs) are kept per identity or pool, claimed by
+//! their retry, and moved back behind a late retry.
 //!
 //! A limit with a `burst` below its events adds a spacing constraint on the same charges,
 //! a GCRA (virtual scheduling) with tolerance `burst - 1` intervals: after at most `burst`
 //! at once, consecutive charges lie `spacing` apart. Both must hold at every charge; a
 //! spaced limit keeps its window with a margin ([`Limit::kept_window_ms`]).
 
+mod bucket;
+mod reservations;
+
 use crate::policy::{Limit, Scope};
+pub use bucket::spaced_after;
+use bucket::Bucket;
+use reservations::Reservation;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -108,276 +116,6 @@ pub enum RefusedWhy {
     /// The earliest slot lies further ahead than a client told to retry can keep
     /// ([`Limiter::acquire_within`]): nothing is reserved.
     BeyondReach,
-}
-
-#[derive(Debug, Clone)]
-struct Reservation {
-    slot: Millis,
-    cost: u32,
-    namespace: Arc<str>,
-    buckets: Vec<BucketKey>,
-}
-
-/// Where a reservation lives: an exact identity's key, or a pool's key and position.
-enum Place {
-    Exact((Arc<str>, String)),
-    Pool((Arc<str>, String), usize),
-}
-
-/// A reservation after a late retry's, taken out and placed again behind it.
-struct Later {
-    /// Its slot before it moves.
-    slot: Millis,
-    cost: u32,
-    buckets: Vec<BucketKey>,
-    place: Place,
-}
-
-/// The spacing constraint of a limit whose burst is below its events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Spacing {
-    burst: Millis,
-    interval: Millis,
-}
-
-impl Spacing {
-    fn of(limit: &Limit) -> Option<Spacing> {
-        limit.spacing_ms().map(|interval| Spacing {
-            burst: Millis::from(limit.burst.max(1)),
-            interval,
-        })
-    }
-
-    /// How far before the theoretical arrival time a charge may come: the burst.
-    fn tolerance(self) -> Millis {
-        (self.burst - 1) * self.interval
-    }
-
-    /// The earliest time `cost` charges (at most the burst) conform after a history
-    /// whose theoretical arrival time is `tat`.
-    fn earliest_after(self, tat: Millis, cost: Millis) -> Millis {
-        (tat + (cost.min(self.burst) - 1) * self.interval).saturating_sub(self.tolerance())
-    }
-
-    /// The theoretical arrival time after `at`.
-    fn next_tat(self, tat: Millis, at: Millis) -> Millis {
-        tat.max(at) + self.interval
-    }
-}
-
-/// The earliest time from `from` at which one more event keeps `limit`'s spacing after
-/// `times` (sorted, none after `from`); `from` when the limit has no spacing. For pacers
-/// that keep their own record of events (the partition steps).
-pub fn spaced_after(limit: &Limit, times: &[Millis], from: Millis) -> Millis {
-    match Spacing::of(limit) {
-        Some(spacing) => {
-            let tat = times.iter().fold(0, |tat, &t| spacing.next_tat(tat, t));
-            from.max(spacing.earliest_after(tat, 1))
-        }
-        None => from,
-    }
-}
-
-#[derive(Debug, Default)]
-struct Bucket {
-    /// Charge times, non-decreasing; may extend into the future (reserved slots).
-    charges: VecDeque<Millis>,
-    /// Future slots held per namespace, for the fair share.
-    reserved_by_namespace: HashMap<Arc<str>, u32>,
-    window: Millis,
-    events: u32,
-    spacing: Option<Spacing>,
-}
-
-impl Bucket {
-    fn last(&self) -> Millis {
-        self.charges.back().copied().unwrap_or(0)
-    }
-
-    /// Earliest `t >= now` where `cost` more charges fit in every window holding `t`.
-    fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
-        let window = limit.kept_window_ms();
-        self.earliest_for(limit.events, window, Spacing::of(limit), cost, now)
-    }
-
-    /// [`Bucket::earliest`] for the limit this bucket was last charged under.
-    fn earliest_own(&self, cost: u32, now: Millis) -> Millis {
-        self.earliest_for(self.events, self.window, self.spacing, cost, now)
-    }
-
-    /// Earliest `t >= now` that keeps both the window and the spacing: each is asked in
-    /// turn from the other's answer until they agree (a bounded number of times, then
-    /// after every charge, where both answers are exact and only grow).
-    fn earliest_for(
-        &self,
-        events: u32,
-        window: Millis,
-        spacing: Option<Spacing>,
-        cost: u32,
-        now: Millis,
-    ) -> Millis {
-        let Some(spacing) = spacing else {
-            return self.window_earliest(events, window, cost, now);
-        };
-        let cost = Millis::from(cost.clamp(1, events.max(1)));
-        let mut t = now;
-        for _ in 0..MAX_GAP_CANDIDATES {
-            t = self.window_earliest(events, window, cost as u32, t);
-            if t >= self.last() {
-                return t.max(spacing.earliest_after(self.tat(spacing, t), cost));
-            }
-            match self.spacing_conflict(spacing, cost, t) {
-                None => return t,
-                Some(next) => t = next,
-            }
-        }
-        let t = self.window_earliest(events, window, cost as u32, now.max(self.last()));
-        t.max(spacing.earliest_after(self.tat(spacing, t), cost))
-    }
-
-    /// The theoretical arrival time after every charge at or before `t`.
-    fn tat(&self, spacing: Spacing, t: Millis) -> Millis {
-        let upto = self.charges.partition_point(|&c| c <= t);
-        self.charges
-            .range(..upto)
-            .fold(0, |tat, &c| spacing.next_tat(tat, c))
-    }
-
-    /// None when `cost` charges at `t` keep the spacing of every charge from `t` on;
-    /// else a later time to try: where the charges before `t` allow it, or past the next
-    /// charge after `t` when that one would be pushed too close.
-    fn spacing_conflict(&self, spacing: Spacing, cost: Millis, t: Millis) -> Option<Millis> {
-        let split = self.charges.partition_point(|&c| c <= t);
-        let mut tat = self.tat(spacing, t);
-        let need = spacing.earliest_after(tat, cost);
-        if need > t {
-            return Some(need);
-        }
-        // `cost` charges at `t`: each after the one before.
-        tat = spacing.next_tat(tat, t) + (cost - 1) * spacing.interval;
-        for &c in self.charges.range(split..) {
-            if tat.saturating_sub(spacing.tolerance()) > c {
-                return self.charges.get(split).copied();
-            }
-            tat = spacing.next_tat(tat, c);
-        }
-        None
-    }
-
-    /// The earliest time for the window alone.
-    fn window_earliest(&self, events: u32, window: Millis, cost: u32, now: Millis) -> Millis {
-        let events = (events as usize).max(1);
-        let cost = (cost as usize).clamp(1, events);
-        if now >= self.last() {
-            return self.earliest_after_all(events, cost, window, now);
-        }
-        // `now` lies before reserved slots: a gap may fit. The first time a window stops
-        // being too full is when some charge leaves it, so only `now` and `charge + window`
-        // can be the answer. `now` is checked exactly; later gaps with a bounded number of
-        // cheap conservative checks, so a congested bucket never costs a long scan.
-        if self.fits(now, events, cost, window) {
-            return now;
-        }
-        let first = self.charges.partition_point(|&c| c + window <= now);
-        for &charge in self.charges.range(first..).take(MAX_GAP_CANDIDATES) {
-            let candidate = charge + window;
-            if candidate >= self.last() {
-                return self.earliest_after_all(events, cost, window, candidate);
-            }
-            if self.span_has_room(candidate, events, cost, window) {
-                return candidate;
-            }
-        }
-        self.earliest_after_all(events, cost, window, now.max(self.last()))
-    }
-
-    /// Conservative: room in `(t - window, t + window)`, which holds every window with t.
-    fn span_has_room(&self, t: Millis, events: usize, cost: usize, window: Millis) -> bool {
-        let lo = self.charges.partition_point(|&c| c + window <= t);
-        let hi = self.charges.partition_point(|&c| c < t + window);
-        hi - lo + cost <= events
-    }
-
-    /// With every charge at or before `t`, only `(t - window, t]` matters.
-    fn earliest_after_all(&self, events: usize, cost: usize, window: Millis, t: Millis) -> Millis {
-        let n = self.charges.len();
-        let free = events - cost;
-        let by_window = if n > free {
-            self.charges[n - 1 - free] + window
-        } else {
-            0
-        };
-        t.max(by_window)
-    }
-
-    /// Whether `cost` charges at `t` keep every window of length `window` at or under `events`.
-    fn fits(&self, t: Millis, events: usize, cost: usize, window: Millis) -> bool {
-        if self.span_has_room(t, events, cost, window) {
-            return true;
-        }
-        // A window's count only grows when its end passes a charge, so the fullest window
-        // holding t ends at t or at one of the charges in (t, t + window): reserved slots
-        // after t count as much as charges before it.
-        let ending_at = |end: Millis| {
-            let lo = self.charges.partition_point(|&c| c + window <= end);
-            let hi = self.charges.partition_point(|&c| c <= end);
-            hi - lo
-        };
-        let after = self.charges.partition_point(|&c| c <= t);
-        let until = self.charges.partition_point(|&c| c < t + window);
-        let fullest = (after..until)
-            .map(|i| ending_at(self.charges[i]))
-            .fold(ending_at(t), usize::max);
-        fullest + cost <= events
-    }
-
-    fn charge(&mut self, at: Millis, cost: u32, limit: &Limit) {
-        self.window = limit.kept_window_ms();
-        self.events = limit.events;
-        self.spacing = Spacing::of(limit);
-        self.charge_own(at, cost);
-    }
-
-    fn charge_own(&mut self, at: Millis, cost: u32) {
-        let cost = cost.clamp(1, self.events.max(1));
-        let index = self.charges.partition_point(|&c| c <= at);
-        for _ in 0..cost {
-            self.charges.insert(index, at);
-        }
-    }
-
-    /// Removes `cost` charges made at `at` (a slot given back); charges already trimmed
-    /// are gone anyway.
-    fn uncharge(&mut self, at: Millis, cost: u32) {
-        let cost = (cost as usize).clamp(1, (self.events as usize).max(1));
-        let from = self.charges.partition_point(|&c| c < at);
-        let to = self.charges.partition_point(|&c| c <= at);
-        let n = (to - from).min(cost);
-        self.charges.drain(from..from + n);
-    }
-
-    /// Drops charges that no window holding `now` or a later time can see.
-    fn trim(&mut self, now: Millis) {
-        while let Some(&first) = self.charges.front() {
-            if first + self.window <= now {
-                self.charges.pop_front();
-            } else {
-                break;
-            }
-        }
-    }
-
-    fn in_window(&self, now: Millis) -> u32 {
-        self.charges
-            .iter()
-            .filter(|&&c| c + self.window > now && c <= now)
-            .count() as u32
-    }
-
-    fn is_idle(&self, now: Millis) -> bool {
-        self.reserved_by_namespace.is_empty()
-            && self.charges.back().is_none_or(|&c| c + self.window <= now)
-    }
 }
 
 /// What a sweep found, for metrics.
@@ -508,31 +246,6 @@ impl Limiter {
         Outcome::Reserved { slot }
     }
 
-    /// Stores a reservation for the ask's identity and counts it in its namespace's share.
-    fn keep(&mut self, ask: &Ask<'_>, reservation: Reservation) {
-        for key in &reservation.buckets {
-            if let Some(bucket) = self.buckets.get_mut(key) {
-                *bucket
-                    .reserved_by_namespace
-                    .entry(reservation.namespace.clone())
-                    .or_insert(0) += 1;
-            }
-        }
-        let rule = ask.rule.clone();
-        match ask.identity {
-            Identity::Exact(id) => {
-                self.exact.insert((rule, id.clone()), reservation);
-            }
-            Identity::Pool(id) => {
-                let pool = self.pools.entry((rule, id.clone())).or_default();
-                // Kept in slot order: a late member's new slot may lie before others'.
-                let index = pool.partition_point(|r| r.slot <= reservation.slot);
-                pool.insert(index, reservation);
-            }
-        }
-        self.reservation_count += 1;
-    }
-
     /// `slot` moved up to a whole number of seconds after `now` plus the arrival margin,
     /// if every bucket has room there; otherwise `slot` itself.
     fn aligned(&self, keys: &[BucketKey], ask: &Ask<'_>, now: Millis, slot: Millis) -> Millis {
@@ -548,166 +261,6 @@ impl Limiter {
             rounded
         } else {
             slot
-        }
-    }
-
-    /// A request whose reservation exists: due ones are used up, early ones wait, late
-    /// ones are placed again from `now`. `None`: no reservation to use, decide afresh.
-    fn claim(&mut self, rule: &Arc<str>, ask: &Ask<'_>, now: Millis) -> Option<Outcome> {
-        let key = match ask.identity {
-            Identity::Exact(id) | Identity::Pool(id) => (rule.clone(), id.clone()),
-        };
-        // Which reservation this request would use: an exact identity's own; for a pool,
-        // the latest one already due (older ones are more likely left by members that
-        // never came back, and keeping the latest would block the window it lies in),
-        // else the earliest.
-        let (index, slot) = match ask.identity {
-            Identity::Exact(_) => (0, self.exact.get(&key)?.slot),
-            Identity::Pool(_) => {
-                let pool = self.pools.get(&key)?;
-                match pool.iter().rposition(|r| r.slot <= now) {
-                    Some(index) => (index, pool[index].slot),
-                    None => (0, pool.front()?.slot),
-                }
-            }
-        };
-        if slot > now {
-            return match ask.identity {
-                Identity::Exact(_) => Some(Outcome::Reserved { slot }),
-                // Pool members are interchangeable: one that comes within the hold reach
-                // of the earliest slot takes it (a retry a little early, or a new pod).
-                Identity::Pool(_) => {
-                    let reach = ask.align_beyond.filter(|_| ask.reserve && !ask.dry_run)?;
-                    if slot > now + reach {
-                        // Not due: this may be a new pod of the pool, so it gets its own slot.
-                        return None;
-                    }
-                    let reservation = self.take_reservation(&key, ask.identity, index)?;
-                    self.release_share(&reservation);
-                    Some(Outcome::Held { slot })
-                }
-            };
-        }
-        if ask.dry_run {
-            return Some(Outcome::Claimed { slot });
-        }
-        let reservation = self.take_reservation(&key, ask.identity, index)?;
-        self.release_share(&reservation);
-        if slot == now {
-            return Some(Outcome::Claimed { slot });
-        }
-        Some(self.reclaim_late(ask, reservation, now))
-    }
-
-    /// Removes the reservation a claim uses: an exact identity's own, a pool's `index`th.
-    fn take_reservation(
-        &mut self,
-        key: &(Arc<str>, String),
-        identity: &Identity,
-        index: usize,
-    ) -> Option<Reservation> {
-        match identity {
-            Identity::Exact(_) => self.exact.remove(key),
-            Identity::Pool(_) => {
-                let pool = self.pools.get_mut(key)?;
-                let reservation = pool.remove(index);
-                if pool.is_empty() {
-                    self.pools.remove(key);
-                }
-                reservation
-            }
-        }
-    }
-
-    /// A retry that comes after its slot: the event happens now, not then. Its slot is
-    /// given back, it is placed at the earliest time from `now` with room, ahead of every
-    /// reservation still to come, and those move back as far as they must, in order. Its
-    /// own slot, given back, is what makes room: a retry late by less than a window is
-    /// admitted at once, so a slow client neither loses its place nor livelocks.
-    fn reclaim_late(&mut self, ask: &Ask<'_>, late: Reservation, now: Millis) -> Outcome {
-        let later = self.reservations_after(&late.buckets, now);
-        self.uncharge(&late.buckets, late.slot, late.cost);
-        for r in &later {
-            self.uncharge(&r.buckets, r.slot, r.cost);
-        }
-
-        let earliest = self.earliest_in(&late.buckets, late.cost, now);
-        let reach = ask.align_beyond.unwrap_or(0);
-        let (outcome, kept) = if earliest <= now {
-            self.charge_in(&late.buckets, now, late.cost);
-            (Outcome::Claimed { slot: now }, None)
-        } else if earliest - now <= reach {
-            // The server holds it until then: charged there, nothing to claim later.
-            self.charge_in(&late.buckets, earliest, late.cost);
-            (Outcome::Held { slot: earliest }, None)
-        } else {
-            let slot = self.aligned(&late.buckets, ask, now, earliest);
-            self.charge_in(&late.buckets, slot, late.cost);
-            (
-                Outcome::Reserved { slot },
-                Some(Reservation { slot, ..late }),
-            )
-        };
-
-        let mut moved_pools = Vec::new();
-        for r in later {
-            let slot = self.earliest_in(&r.buckets, r.cost, r.slot);
-            self.charge_in(&r.buckets, slot, r.cost);
-            self.reservation_mut(&r.place).slot = slot;
-            if let Place::Pool(key, _) = r.place {
-                moved_pools.push(key);
-            }
-        }
-        for key in moved_pools {
-            if let Some(pool) = self.pools.get_mut(&key) {
-                pool.make_contiguous().sort_by_key(|r| r.slot);
-            }
-        }
-        // Stored last: a pool's positions listed in `later` must not shift before.
-        if let Some(reservation) = kept {
-            self.keep(ask, reservation);
-        }
-        outcome
-    }
-
-    /// Reservations due after `now` that share a bucket with `buckets`, earliest first.
-    fn reservations_after(&self, buckets: &[BucketKey], now: Millis) -> Vec<Later> {
-        let shares =
-            |r: &Reservation| r.slot > now && r.buckets.iter().any(|b| buckets.contains(b));
-        let later = |r: &Reservation, place: Place| Later {
-            slot: r.slot,
-            cost: r.cost,
-            buckets: r.buckets.clone(),
-            place,
-        };
-        let exact = self
-            .exact
-            .iter()
-            .filter(|(_, r)| shares(r))
-            .map(|(key, r)| later(r, Place::Exact(key.clone())));
-        let pooled = self.pools.iter().flat_map(|(key, pool)| {
-            pool.iter()
-                .enumerate()
-                .filter(|(_, r)| shares(r))
-                .map(|(index, r)| later(r, Place::Pool(key.clone(), index)))
-        });
-        let mut all: Vec<Later> = exact.chain(pooled).collect();
-        // Ties in slot are ordered by identity, not by the tables' hash order: re-placed in
-        // order on spaced slots, the order decides who gets which slot.
-        let order = |r: &Later| -> (Millis, String, usize) {
-            match &r.place {
-                Place::Exact((_, id)) => (r.slot, id.clone(), 0),
-                Place::Pool((_, id), index) => (r.slot, id.clone(), *index + 1),
-            }
-        };
-        all.sort_by_cached_key(order);
-        all
-    }
-
-    fn reservation_mut(&mut self, place: &Place) -> &mut Reservation {
-        match place {
-            Place::Exact(key) => self.exact.get_mut(key).expect("listed reservation"),
-            Place::Pool(key, index) => &mut self.pools.get_mut(key).expect("listed pool")[*index],
         }
     }
 
@@ -735,52 +288,6 @@ impl Limiter {
                 bucket.uncharge(at, cost);
             }
         }
-    }
-
-    /// Marks the reservation at `slot` as used by a request that is being held until it.
-    pub fn consume(&mut self, rule: &Arc<str>, identity: &Identity, slot: Millis) {
-        let reservation = match identity {
-            Identity::Exact(id) => self.exact.remove(&(rule.clone(), id.clone())),
-            Identity::Pool(id) => {
-                let key = (rule.clone(), id.clone());
-                let pool = self.pools.get_mut(&key);
-                let r = pool.and_then(|p| {
-                    let index = p.iter().rposition(|r| r.slot == slot)?;
-                    p.remove(index)
-                });
-                if self.pools.get(&key).is_some_and(|p| p.is_empty()) {
-                    self.pools.remove(&key);
-                }
-                r
-            }
-        };
-        if let Some(r) = reservation {
-            self.release_share(&r);
-        }
-    }
-
-    fn release_share(&mut self, reservation: &Reservation) {
-        self.reservation_count = self.reservation_count.saturating_sub(1);
-        for key in &reservation.buckets {
-            if let Some(bucket) = self.buckets.get_mut(key) {
-                if let Some(held) = bucket.reserved_by_namespace.get_mut(&reservation.namespace) {
-                    *held -= 1;
-                    if *held == 0 {
-                        bucket.reserved_by_namespace.remove(&reservation.namespace);
-                    }
-                }
-            }
-        }
-    }
-
-    fn earliest_reservation_of(&self, namespace: &Arc<str>, key: &BucketKey) -> Option<Millis> {
-        let exact = self.exact.values();
-        let pooled = self.pools.values().flatten();
-        exact
-            .chain(pooled)
-            .filter(|r| &r.namespace == namespace && r.buckets.contains(key))
-            .map(|r| r.slot)
-            .min()
     }
 
     /// Records charges without asking (the releaser's releases, window seeding).
@@ -957,34 +464,6 @@ impl Limiter {
     pub fn cancel_hold(&mut self, ask: &Ask<'_>, slot: Millis) {
         let keys = self.bucket_keys(ask);
         self.uncharge(&keys, slot, ask.cost);
-    }
-
-    /// Removes the ask's reservation at `slot` and gives its charges back.
-    fn cancel_reservation(&mut self, ask: &Ask<'_>, slot: Millis) {
-        let reservation = match ask.identity {
-            Identity::Exact(id) => {
-                let key = (ask.rule.clone(), id.clone());
-                match self.exact.get(&key) {
-                    Some(r) if r.slot == slot => self.exact.remove(&key),
-                    _ => None,
-                }
-            }
-            Identity::Pool(id) => {
-                let key = (ask.rule.clone(), id.clone());
-                let index = self
-                    .pools
-                    .get(&key)
-                    .and_then(|pool| pool.iter().rposition(|r| r.slot == slot));
-                match index {
-                    Some(index) => self.take_reservation(&key, ask.identity, index),
-                    None => None,
-                }
-            }
-        };
-        if let Some(r) = reservation {
-            self.release_share(&r);
-            self.uncharge(&r.buckets, r.slot, r.cost);
-        }
     }
 }
 
