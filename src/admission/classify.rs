@@ -172,12 +172,8 @@ fn pod_create(req: &AdmissionRequest<DynamicObject>) -> Classified {
     churn.name = name.clone();
     // StatefulSet pods have stable names; ReplicaSet pods only a generateName until
     // persisted, and several may be created at once: they share a pool.
-    churn.identity = if !name.is_empty() {
-        Identity::Exact(format!("pod-create:{namespace}/{name}"))
-    } else {
-        let owner = churn.controller_uid.clone().unwrap_or_default();
-        Identity::Pool(format!("pod-create:{namespace}/{owner}/{generate_name}"))
-    };
+    let owner = churn.controller_uid.clone().unwrap_or_default();
+    churn.identity = pod_create_identity(&namespace, &name, &owner, &generate_name);
     churn.node_name_set = str_at(&pod.data, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
     churn.scheduling_gates = pod
         .data
@@ -205,8 +201,11 @@ fn pod_delete(req: &AdmissionRequest<DynamicObject>) -> Classified {
                 .and_then(|o| o.metadata.name.clone())
         })
         .unwrap_or_default();
-    let identity = Identity::Exact(format!("pod-delete:{namespace}/{name}"));
-    let mut churn = base(req, ChurnKind::PodDelete, identity);
+    let mut churn = base(
+        req,
+        ChurnKind::PodDelete,
+        pod_delete_identity(&namespace, &name),
+    );
     churn.name = name;
     if let Some(pod) = req.old_object.as_ref() {
         if pod.metadata.deletion_timestamp.is_some() {
@@ -220,6 +219,46 @@ fn pod_delete(req: &AdmissionRequest<DynamicObject>) -> Classified {
         fill_from_object(&mut churn, pod);
     }
     Classified::Churn(Box::new(churn))
+}
+
+/// The identity of a pod creation: StatefulSet pods have stable names; ReplicaSet pods
+/// only a generateName until persisted, and several may be created at once: they share
+/// a pool per owner and generateName.
+pub fn pod_create_identity(
+    namespace: &str,
+    name: &str,
+    owner_uid: &str,
+    generate_name: &str,
+) -> Identity {
+    if !name.is_empty() {
+        Identity::Exact(format!("pod-create:{namespace}/{name}"))
+    } else {
+        Identity::Pool(format!(
+            "pod-create:{namespace}/{owner_uid}/{generate_name}"
+        ))
+    }
+}
+
+pub fn pod_delete_identity(namespace: &str, name: &str) -> Identity {
+    Identity::Exact(format!("pod-delete:{namespace}/{name}"))
+}
+
+pub fn statefulset_identity(uid: &str) -> Identity {
+    Identity::Exact(format!("statefulset:{uid}"))
+}
+
+/// Pods a StatefulSet update lets the controller re-create: with a new template, every
+/// ordinal at or above the partition; otherwise the ordinals a lower partition releases.
+pub fn statefulset_update_cost(change: &StatefulSetChange) -> u32 {
+    if !change.rolling_update {
+        0
+    } else if change.template_changed {
+        change.replicas - change.new_partition
+    } else if change.update_pending {
+        change.old_partition.saturating_sub(change.new_partition)
+    } else {
+        0
+    }
 }
 
 fn eviction(req: &AdmissionRequest<DynamicObject>) -> Classified {
@@ -237,7 +276,7 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
     let mut churn = base(
         req,
         ChurnKind::StatefulSetUpdate,
-        Identity::Exact(format!("statefulset:{uid}")),
+        statefulset_identity(&uid),
     );
     fill_from_object(&mut churn, new);
     churn.controller_kind = None;
@@ -293,17 +332,7 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
         has_annotations: new.metadata.annotations.is_some(),
         update_pending,
     };
-    // Pods the update lets the controller re-create: with a new template, every ordinal
-    // at or above the partition; otherwise the ordinals a lower partition releases.
-    churn.cost = if !rolling_update {
-        0
-    } else if template_changed {
-        replicas - new_partition
-    } else if update_pending {
-        old_partition.saturating_sub(new_partition)
-    } else {
-        0
-    };
+    churn.cost = statefulset_update_cost(&change);
     churn.statefulset = Some(change);
     Classified::Churn(Box::new(churn))
 }

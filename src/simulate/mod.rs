@@ -1,8 +1,11 @@
 //! `churn-throttler simulate`: a discrete-event simulation of a mass rollout that drives
 //! the same pure `decide_churn` and `Limiter` as the server, once per compared action.
 
+mod client;
 pub mod model;
 pub mod report;
+mod requests;
+mod rng;
 pub mod scenario;
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! Tests of the simulator's model pieces, one named case per row, and a small scenario
 //! whose invariants hold for every action. No test looks at the wall clock.
 
-use super::model::{
-    item_backoff, pod_create_request, pod_delete_request, statefulset_next,
-    statefulset_update_request, FairQueue, Phase, StsUpdate, StsWrite, TokenBucket, WorkQueue,
-};
+use super::client::{item_backoff, FairQueue, TokenBucket, WorkQueue};
+use super::model::Phase;
 use super::report::{peak_in_window, per_window, percentile};
+use super::requests::{
+    pod_create_request, pod_delete_request, statefulset_next, statefulset_update_request,
+    StsUpdate, StsWrite,
+};
 use super::scenario::{Dist, ScenarioFile, SimAction};
 use super::{simulate, RunResult};
 use crate::admission::{classify, Classified};

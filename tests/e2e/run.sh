@@ -889,7 +889,16 @@ for action in $ACTIONS; do
     test "$inside_ok" -eq 1
   check "[$action] the bindings at their answers lie between their requests' bounds: inside $(jget "$R" effect_binds_inside) <= $(jget "$R" effect_binds_max) <= overlapping $(jget "$R" effect_binds_overlap)" \
     test "$(jget "$R" effect_binds_inside)" -le "$(jget "$R" effect_binds_max)" -a "$(jget "$R" effect_binds_max)" -le "$(jget "$R" effect_binds_overlap)"
-  bound=$(python3 -c "print(round(1.15 * float('$(jget "$R" ideal_s)'), 1))")
+  # Gate and partition keep no client waiting: 1.15 x the ideal. Hold, retry-after and
+  # deny answer the StatefulSet controller's own DELETEs: its 5 workers wait in the
+  # deletion queue, and its work queue (FIFO) holds every set's first deletion ahead of
+  # any set's re-creation, so no pod is created before one pod of every set is deleted:
+  # the starts begin one pass of the sets later (sets / rate; measured: 4 creations in
+  # the first 20 s of the hold row, then 109). Their bound is 1.15 x (ideal + that pass).
+  bound=$(python3 -c "
+ideal = float('$(jget "$R" ideal_s)')
+one_pass = $STS * $WINDOW / $LIMIT
+print(round(1.15 * (ideal if '$action' in ('gate', 'partition') else ideal + one_pass), 1))")
   check "[$action] makespan $(jget "$R" makespan_s) s within $bound s (ratio to the ideal $(jget "$R" ideal_s) s: $(jget "$R" ratio))" \
     python3 -c "import sys; m='$(jget "$R" makespan_s)'; sys.exit(0 if m not in ('', 'None') and float(m) <= $bound else 1)"
   check "[$action] every watched event has its request in the audit log ($(jget "$R" proven_unmatched) without)" test "$(jget "$R" proven_unmatched)" -eq 0
