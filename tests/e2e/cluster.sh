@@ -32,6 +32,9 @@
 #   CLUSTER_NODE_PODS        allocatable pods per node (default 1000)
 #   CLUSTER_UP_TIMEOUT       seconds for each wait (default 120)
 #   CLUSTER_KUBE_ARGS_APISERVER / _KCM / _SCHEDULER / _KWOK   extra flags (word-split)
+#   CLUSTER_KWOK_STAGES_EXTRA  a directory whose *.yaml kwok Stages are loaded after the
+#                            default set (unset: the default set alone, e.g.
+#                            tests/e2e/kwok-stages/slow for slow pods, see slowpods.sh)
 
 _cluster_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -305,8 +308,14 @@ EOF
   # ---- kwok --------------------------------------------------------------
   # The stage set is the "fast" one kwokctl uses by default (see kwok-stages/).
   local stages="$w/kwok-stages.yaml" f first=1
+  local stage_files=("$_cluster_here"/kwok-stages/*.yaml)
+  if [[ -n "${CLUSTER_KWOK_STAGES_EXTRA:-}" ]]; then
+    compgen -G "$CLUSTER_KWOK_STAGES_EXTRA/*.yaml" >/dev/null \
+      || { _cl_log "ERROR: CLUSTER_KWOK_STAGES_EXTRA=$CLUSTER_KWOK_STAGES_EXTRA holds no *.yaml"; return 1; }
+    stage_files+=("$CLUSTER_KWOK_STAGES_EXTRA"/*.yaml)
+  fi
   : >"$stages"
-  for f in "$_cluster_here"/kwok-stages/*.yaml; do
+  for f in "${stage_files[@]}"; do
     (( first )) || echo "---" >>"$stages"
     first=0
     cat "$f" >>"$stages"
