@@ -86,9 +86,9 @@ pub struct ServeArgs {
     /// Largest accepted AdmissionReview body; larger ones get HTTP 413.
     #[arg(long, env = "CHURN_THROTTLER_MAX_BODY_BYTES", default_value_t = 7 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Log format: text or json.
-    #[arg(long, env = "CHURN_THROTTLER_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    /// Log format.
+    #[arg(long, env = "CHURN_THROTTLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub connections: ConnectionArgs,
     #[command(flatten)]
@@ -208,4 +208,13 @@ impl ReleaserArgs {
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     crate::policy::parse_duration(text)
+}
+
+/// How `serve` writes its log lines (stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
 }

@@ -8,7 +8,7 @@
 //! port to agree on, and a fresh limiter every run, so what it prints is the policy's
 //! pacing and not what an earlier run left in the window.
 
-use crate::cli::{BudgetArgs, ConnectionArgs, ReleaserArgs, ServeArgs};
+use crate::cli::{BudgetArgs, ConnectionArgs, LogFormat, ReleaserArgs, ServeArgs};
 use crate::policy::{Limit, Policy, DEFAULT_POLICY_YAML};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -307,7 +307,7 @@ fn serve_args(dev_dir: PathBuf) -> ServeArgs {
         shutdown_delay: Duration::ZERO,
         drain_timeout: Duration::from_secs(15),
         max_body_bytes: 7 * 1024 * 1024,
-        log_format: "text".into(),
+        log_format: LogFormat::Text,
         connections: ConnectionArgs::default(),
         releaser: ReleaserArgs::disabled(),
         budget: BudgetArgs::disabled(),

@@ -1,6 +1,6 @@
 //! churn-throttler: parse the command line, set up logging, dispatch.
 
-use churn_throttler::cli::{Cli, Command};
+use churn_throttler::cli::{Cli, Command, LogFormat};
 use churn_throttler::policy::{Policy, DEFAULT_POLICY_YAML};
 use clap::Parser;
 use std::process::ExitCode;
@@ -28,7 +28,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(args) => {
-            init_logging(&args.log_format);
+            init_logging(args.log_format);
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
@@ -79,13 +79,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     }
 }
 
-fn init_logging(format: &str) {
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if format == "json" {
+    if format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();

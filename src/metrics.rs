@@ -359,10 +359,6 @@ impl Metrics {
         }
     }
 
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
     /// The exposition in Prometheus text format.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();

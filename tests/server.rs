@@ -1,7 +1,7 @@
 //! The real router over real HTTPS: fixtures in, AdmissionReviews out, plus the guards,
 //! reloads, probes and metrics. Servers listen on 127.0.0.1 with port 0.
 
-use churn_throttler::cli::ServeArgs;
+use churn_throttler::cli::{LogFormat, ServeArgs};
 use churn_throttler::serve::{start, Running};
 use churn_throttler::server::certgen::{self, CertAuthority};
 use serde_json::{json, Value};
@@ -84,7 +84,7 @@ fn args(dir: &Path) -> ServeArgs {
         shutdown_delay: Duration::from_millis(300),
         drain_timeout: Duration::from_secs(5),
         max_body_bytes: 256 * 1024,
-        log_format: "text".into(),
+        log_format: LogFormat::Text,
         connections: churn_throttler::cli::ConnectionArgs::default(),
         releaser: churn_throttler::cli::ReleaserArgs::disabled(),
         budget: churn_throttler::cli::BudgetArgs::disabled(),

@@ -25,17 +25,6 @@ pub enum PassReason {
     Unhandled,
 }
 
-impl PassReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PassReason::AlreadyTerminating => "already-terminating",
-            PassReason::NotRunning => "not-running",
-            PassReason::NoPodReleased => "no-pod-released",
-            PassReason::Unhandled => "unhandled",
-        }
-    }
-}
-
 /// What a StatefulSet UPDATE changes, as far as pacing cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatefulSetChange {
