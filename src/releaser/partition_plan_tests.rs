@@ -42,6 +42,8 @@ fn set(namespace: &str, name: &str) -> HeldSet {
         stepped_at: Vec::new(),
         held_since: Some(0),
         released: Released::None,
+        earlier: Vec::new(),
+        max_unavailable: 1,
         nothing_to_roll: false,
         backoff: false,
     }
