@@ -393,8 +393,9 @@ fn record_with(
         .chain(pods.filter_map(Released::seen_at))
         .filter(|&t| t.min(now) + window > now)
         .collect();
+    // Equal times are distinct steps (two pods seen deleted in the same millisecond, or
+    // dated by a new leader from stamps of the same second): keep each.
     kept.sort_unstable();
-    kept.dedup();
     let skip = kept.len().saturating_sub(MAX_STEP_RECORDS);
     kept.split_off(skip)
 }
@@ -757,3 +758,7 @@ fn plan_rule(
 #[cfg(test)]
 #[path = "partition_plan_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "partition_plan_max_unavailable_tests.rs"]
+mod max_unavailable_tests;

@@ -8,7 +8,9 @@ use super::lease::within;
 use super::partition_plan::{released_ordinals, HeldSet, Released};
 use super::plan::MAX_RELEASES_PER_ROUND;
 use super::shell::{CALL_TIMEOUT, CONCURRENCY};
-use super::statefulsets::{deleted_by, pod_progress, released_pod_name, update_revision, PodProgress};
+use super::statefulsets::{
+    deleted_by, pod_progress, released_pod_name, update_revision, PodProgress,
+};
 use crate::limiter::Millis;
 use crate::metrics::Metrics;
 use crate::shared::{now_millis, Leadership};

@@ -463,6 +463,79 @@ mod tests {
     }
 
     #[test]
+    fn table_of_max_unavailable() {
+        // (case, rollingUpdate.maxUnavailable, replicas, k, looked-at pods at partition 1)
+        let cases: Vec<(&str, Option<Value>, i32, u32, usize)> = vec![
+            (
+                "absent (what the API server leaves with the feature gate off)",
+                None,
+                5,
+                1,
+                1,
+            ),
+            ("1", Some(json!(1)), 5, 1, 1),
+            ("3", Some(json!(3)), 5, 3, 3),
+            (
+                "\"50%\" of 5: 2, rounded down as the controller does",
+                Some(json!("50%")),
+                5,
+                2,
+                2,
+            ),
+            (
+                "\"10%\" of 5 rounds down to 0: at least 1",
+                Some(json!("10%")),
+                5,
+                1,
+                1,
+            ),
+            (
+                "\"0\": a string that is not a percentage, which the controller refuses",
+                Some(json!("0")),
+                5,
+                1,
+                1,
+            ),
+            ("not a number", Some(json!("three%")), 5, 1, 1),
+            ("0", Some(json!(0)), 5, 1, 1),
+            ("negative", Some(json!(-2)), 5, 1, 1),
+            (
+                "above the replicas: the looked-at pods stop at replicas",
+                Some(json!(8)),
+                5,
+                8,
+                4,
+            ),
+            (
+                "\"100%\" of 40: 40, the looked-at pods capped at 10",
+                Some(json!("100%")),
+                40,
+                40,
+                10,
+            ),
+        ];
+        for (case, value, replicas, k, looked) in cases {
+            let mut rolling = json!({ "partition": 1 });
+            if let Some(v) = value {
+                rolling["maxUnavailable"] = v;
+            }
+            let spec = json!({
+                "replicas": replicas,
+                "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": rolling }
+            });
+            let View::Held(h) = view(&sts(held_annotations(), spec, rolling_status(1))) else {
+                panic!("{case}: not held");
+            };
+            assert_eq!(h.max_unavailable, k, "{case}");
+            assert_eq!(h.looked().count(), looked, "{case}: looked-at pods");
+            assert!(
+                h.looked().all(|r| r == Released::InFlight),
+                "{case}: in flight until looked at"
+            );
+        }
+    }
+
+    #[test]
     fn released_pods_are_named_by_ordinal_and_judged_by_revision_and_readiness() {
         let s = sts(held_annotations(), json!({}), rolling_status(1));
         assert_eq!(released_pod_name(&s, 2), "db-2");
