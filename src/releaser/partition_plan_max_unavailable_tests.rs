@@ -32,93 +32,112 @@ fn rolling(k: u32, replicas: u32, partition: u32, looked: &[Released]) -> HeldSe
     s
 }
 
-#[test]
-fn table_of_sets_with_max_unavailable() {
-    use Released::{InFlight, Starting};
-    let now = 100_000;
-    let at = |ms: Millis| Starting { at: now - ms };
-    let ago = |ms: Millis| settled(now - ms);
-    let with = |mut s: HeldSet, f: &dyn Fn(&mut HeldSet)| {
-        f(&mut s);
-        s
-    };
+/// (case, set, policy, expected moves, not-ready after the plan)
+type Case = (&'static str, HeldSet, String, Vec<&'static str>, u32);
+
+const NOW: Millis = 100_000;
+
+fn at(ms: Millis) -> Released {
+    Released::Starting { at: NOW - ms }
+}
+
+fn ago(ms: Millis) -> Released {
+    settled(NOW - ms)
+}
+
+fn with(mut s: HeldSet, f: &dyn Fn(&mut HeldSet)) -> HeldSet {
+    f(&mut s);
+    s
+}
+
+/// Steps up to k in flight, and what still binds them.
+fn stepping_cases() -> Vec<Case> {
+    use Released::InFlight;
     let roomy = roomy();
-    // (case, set, policy, expected moves, not-ready after the plan)
-    let cases: Vec<(&str, HeldSet, &str, Vec<&str>, u32)> = vec![
+    let strict = POLICY.to_string();
+    vec![
         (
             "k=3, fresh hold: the first step",
             rolling(3, 6, 6, &[]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 6->5 rate"],
             1,
         ),
         (
             "k=3, one step in flight: the second goes",
             rolling(3, 6, 5, &[InFlight]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 5->4 rate"],
             2,
         ),
         (
             "k=3, two in flight: the third goes",
             rolling(3, 6, 4, &[InFlight, at(500)]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 4->3 rate"],
             3,
         ),
         (
             "k=3, three in flight: the fourth waits",
             rolling(3, 6, 3, &[InFlight, InFlight, at(500)]),
-            &roomy,
+            roomy.clone(),
             vec![],
             3,
         ),
         (
             "k=3, the oldest settled: the next step records its time, it leaves the looked-at pods",
             rolling(3, 6, 3, &[InFlight, at(500), ago(1_000)]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 3->2 rate record [99000]"],
             3,
         ),
         (
             "k=3, the two newest settled, the oldest starting: waits for it (it would go unseen)",
             rolling(3, 6, 3, &[ago(500), ago(800), at(1_000)]),
-            &roomy,
+            roomy.clone(),
             vec![],
             1,
         ),
         (
             "k=3 near the top: the looked-at pods stop at replicas, two in flight, one more goes",
             rolling(3, 3, 1, &[InFlight, InFlight]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 1->0 rate"],
             3,
         ),
         (
             "k=3 but the rule's window is full of steps in flight: waits",
             rolling(3, 6, 4, &[InFlight, InFlight]),
-            POLICY,
+            strict.clone(),
             vec![],
             2,
         ),
         (
             "k=3 but the rule's window is full of steps seen deleted: waits",
             rolling(3, 6, 4, &[at(1_000), at(1_500)]),
-            POLICY,
+            strict.clone(),
             vec![],
             2,
         ),
+    ]
+}
+
+/// The end of a hold, moves that re-create nothing, letting go, and k = 1 or capped.
+fn other_cases() -> Vec<Case> {
+    use Released::InFlight;
+    let roomy = roomy();
+    vec![
         (
             "k=3 at the target, the last pod starting: keeps holding",
             rolling(3, 6, 0, &[at(1_000), ago(2_000), ago(3_000)]),
-            &roomy,
+            roomy.clone(),
             vec![],
             1,
         ),
         (
             "k=3 at the target, every pod settled: finish, recording every looked-at pod",
             rolling(3, 6, 0, &[ago(1_000), ago(2_000), ago(3_000)]),
-            &roomy,
+            roomy.clone(),
             vec!["db: finish record [97000, 98000, 99000]"],
             0,
         ),
@@ -127,7 +146,7 @@ fn table_of_sets_with_max_unavailable() {
             with(rolling(3, 6, 4, &[at(1_000), ago(2_000)]), &|s| {
                 s.nothing_to_roll = true
             }),
-            &roomy,
+            roomy.clone(),
             vec![],
             1,
         ),
@@ -136,7 +155,7 @@ fn table_of_sets_with_max_unavailable() {
             with(rolling(3, 6, 4, &[ago(1_000), ago(2_000)]), &|s| {
                 s.nothing_to_roll = true
             }),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 4->0 nothing-to-roll record [98000, 99000]"],
             0,
         ),
@@ -146,42 +165,46 @@ fn table_of_sets_with_max_unavailable() {
                 rolling(3, 6, 3, &[ago(1_000), ago(2_000), InFlight]),
                 &|s| s.held = Some(4),
             ),
-            &roomy,
+            roomy.clone(),
             vec!["db: let go partition-moved record [98000, 99000]"],
             1,
         ),
         (
             "k=50 is capped at 10 steps in flight",
             rolling(50, 20, 10, &[InFlight; 10]),
-            &roomy,
+            roomy.clone(),
             vec![],
             10,
         ),
         (
             "k=1 (unchanged): the previous pod in flight, wait",
             rolling(1, 6, 3, &[InFlight]),
-            &roomy,
+            roomy.clone(),
             vec![],
             1,
         ),
         (
             "k=1 (unchanged): the previous pod settled, next step, recording it",
             rolling(1, 6, 3, &[ago(1_000)]),
-            &roomy,
+            roomy.clone(),
             vec!["db: step 3->2 rate record [99000]"],
             1,
         ),
         (
             "k=0 reads as 1",
             rolling(0, 6, 3, &[at(1_000)]),
-            &roomy,
+            roomy.clone(),
             vec![],
             1,
         ),
-    ];
-    for (case, s, yaml, want, not_ready) in cases {
+    ]
+}
+
+#[test]
+fn table_of_sets_with_max_unavailable() {
+    for (case, s, yaml, want, not_ready) in stepping_cases().into_iter().chain(other_cases()) {
         let held = vec![s];
-        let plan = plan_at(&held, &[], yaml, now);
+        let plan = plan_at(&held, &[], &yaml, NOW);
         assert_eq!(described(&plan, &held), want, "{case}");
         let counted = plan.not_ready.get("rollouts").copied().unwrap_or(0);
         assert_eq!(counted, not_ready, "{case}: not ready");
