@@ -54,7 +54,8 @@ pub fn released_ordinals(partition: u32, replicas: u32, max_unavailable: u32) ->
     partition.min(end)..end
 }
 
-/// The pod released by a set's last step (the ordinal at the partition).
+/// A pod a set's step released: the last step's is the one at the partition, earlier
+/// steps' are just above it (`HeldSet::earlier`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
     /// The partition is at or above `replicas`: no pod has been released.

@@ -14,7 +14,7 @@
 #     steps or pod deletions by the StatefulSet controller, nor more than 5 gate lifts;
 #     one step per pod; every set converges (partition 0, annotations gone).
 # Everything listens on 127.0.0.1; every wait is bounded; the cluster goes down on exit.
-# Last line: "maxunavailable: N passed, M failed". About 2 minutes.
+# Last line: "maxunavailable: N passed, M failed". About a minute.
 #
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
 # MAXU_E2E_KEEP=1 (keep the work dir), MAXU_E2E_TIMEOUT (s per wait, default 180).
