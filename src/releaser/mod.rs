@@ -10,8 +10,10 @@ pub mod controller;
 pub mod lease;
 pub mod partition;
 pub mod partition_plan;
+mod partition_windows;
 pub mod plan;
 pub mod pods;
+mod released_pods;
 mod shell;
 pub mod statefulsets;
 

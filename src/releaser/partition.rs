@@ -5,59 +5,33 @@
 //! (annotations cannot be selected on, so it filters; pod templates are dropped before
 //! they are stored) rebuilds the held sets, and only then is anything stepped. The
 //! windows are rebuilt every round from the sets: the step times recorded on them, and
-//! the pods of their last steps, looked at before each plan.
+//! the pods of their last steps, looked at before each plan (`released_pods.rs`).
 
 use super::controller::Config;
-use super::lease::within;
 use super::partition_plan::{
     plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
     TakenStep,
 };
 use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
+use super::released_pods::{PodLooks, RECHECK_IN_FLIGHT_MS, RECHECK_MS};
 use super::shell::{
     about, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds, RuleGauges,
-    Target, CALL_TIMEOUT, CONCURRENCY, MAX_EVENTS_PER_ROUND, NO_RULE,
+    Target, MAX_EVENTS_PER_ROUND, NO_RULE,
 };
-use super::statefulsets::{
-    cleanup_patch, deleted_by, finish_patch, let_go_patch, pod_progress, released_pod_name,
-    step_patch, update_revision, view, PodProgress, View,
-};
+use super::statefulsets::{cleanup_patch, finish_patch, let_go_patch, step_patch, view, View};
 use super::Context;
 use crate::limiter::Millis;
 use crate::names::format_time;
 use crate::policy::{Action, Policy};
 use crate::shared::{now_millis, Leadership};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::Client;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-
-/// A released pod that is not settled is looked at again at least this often, even when
-/// its StatefulSet does not change (status updates normally bring the news first).
-const RECHECK_MS: Millis = 5_000;
-
-/// A step whose old pod is not seen deleted yet counts as "now" in its rule's windows,
-/// holding a slot until a look shows the deletion: look again this soon (deletion
-/// follows the step by tens of milliseconds, so few steps wait here at once).
-const RECHECK_IN_FLIGHT_MS: Millis = 250;
-
-/// The last look at the pod a set's last step released.
-struct PodCheck {
-    partition: u32,
-    revision: String,
-    /// The set's resourceVersion when we looked: a change is worth another look.
-    resource_version: String,
-    at: Millis,
-    /// When the old pod was first seen deleted (our clock, read after the answer came,
-    /// or the API server's stamps: never earlier than the deletion).
-    seen_at: Option<Millis>,
-    settled: bool,
-}
 
 /// A patch that went through: until the watch brings the set's new version, the store
 /// still shows the old one, and the set is planned as the patch left it.
@@ -66,12 +40,14 @@ struct Patched {
     resource_version: String,
     /// For a step: the partition it set.
     to: Option<u32>,
+    /// For a move that wrote `partition-stepped-at`: what it wrote.
+    record: Option<Vec<Millis>>,
 }
 
 pub(super) struct PartitionReleaser {
     client: Client,
     ctx: Arc<Context>,
-    checks: HashMap<String, PodCheck>,
+    looks: PodLooks,
     failed: Backoffs,
     patched: HashMap<String, Patched>,
     /// Steps taken while the windows can see them, for the spacing.
@@ -96,6 +72,8 @@ struct Job {
     rule: String,
     target_partition: u32,
     held_since: Option<Millis>,
+    /// For a step: the `partition-stepped-at` it writes, if it changes.
+    record: Option<Vec<Millis>>,
 }
 
 /// The StatefulSets of one round: those held, and records of finished rollouts.
@@ -133,7 +111,7 @@ impl PartitionReleaser {
         PartitionReleaser {
             client,
             ctx,
-            checks: HashMap::new(),
+            looks: PodLooks::default(),
             failed: Backoffs::default(),
             patched: HashMap::new(),
             taken: Vec::new(),
@@ -199,25 +177,24 @@ impl PartitionReleaser {
             live.get(uid.as_str())
                 .is_some_and(|rv| *rv == p.resource_version)
         });
-        let held = &sets.held;
-        self.checks
-            .retain(|uid, _| held.iter().any(|s| &s.uid == uid));
         for set in sets.held.iter_mut() {
             set.backoff = self.failed.waiting(&set.uid, now);
             if let Some(p) = self.patched.get(&set.uid) {
-                // A step just taken is in flight, whatever the stale copy says.
+                // A step just taken is in flight, whatever the stale copy says, and the
+                // times it recorded count (those of pods it took out of the looked-at
+                // ones).
                 if let Some(to) = p.to {
                     set.partition = to;
                     set.held = Some(to);
-                    set.released = if to < set.replicas {
-                        Released::InFlight
-                    } else {
-                        Released::None
-                    };
+                    set.unlooked();
+                }
+                if let Some(record) = &p.record {
+                    set.stepped_at = record.clone();
                 }
                 set.backoff = true;
             }
         }
+        self.looks.retain(&sets.held);
         sets
     }
 
@@ -258,6 +235,10 @@ impl PartitionReleaser {
             let object = &sets.held_objects[m.index()];
             let annotations = object.metadata.annotations.clone().unwrap_or_default();
             let rv = &set.resource_version;
+            let step_record = match m {
+                Move::Step { record, .. } => record.clone(),
+                _ => None,
+            };
             let (patch, kind, rule) = match m {
                 Move::Step {
                     rule,
@@ -294,6 +275,7 @@ impl PartitionReleaser {
                 rule: rule.as_deref().unwrap_or(NO_RULE).to_string(),
                 target_partition: set.target.unwrap_or(0),
                 held_since: set.held_since,
+                record: step_record,
             });
         }
         for &index in plan.cleanups.iter().take(MAX_RELEASES_PER_ROUND) {
@@ -311,142 +293,10 @@ impl PartitionReleaser {
                 rule: NO_RULE.to_string(),
                 target_partition: 0,
                 held_since: None,
+                record: None,
             });
         }
         jobs
-    }
-
-    /// Looks at the pod each held set's last step released (one GET per set whose
-    /// object changed since the last look, or after RECHECK_IN_FLIGHT_MS / RECHECK_MS)
-    /// and marks it in flight (old pod not deleted yet), starting (seen deleted, the
-    /// replacement not Ready yet) or settled. Returns false when some were left for the
-    /// next round.
-    async fn look_at_released_pods(
-        &mut self,
-        held: &mut [HeldSet],
-        objects: &[Arc<StatefulSet>],
-        leadership: &Leadership,
-        now: Millis,
-    ) -> bool {
-        let mut todo: Vec<(usize, String, String)> = Vec::new();
-        let mut complete = true;
-        for (index, set) in held.iter_mut().enumerate() {
-            let just_stepped = self.patched.get(&set.uid).is_some_and(|p| p.to.is_some());
-            if set.released == Released::None || just_stepped {
-                continue;
-            }
-            let object = &objects[index];
-            let Some(revision) = update_revision(object) else {
-                continue;
-            };
-            if let Some(check) = self
-                .checks
-                .get(&set.uid)
-                .filter(|c| c.partition == set.partition && c.revision == revision)
-            {
-                set.released = match (check.seen_at, check.settled) {
-                    (Some(at), true) => Released::Settled { at },
-                    (Some(at), false) => Released::Starting { at },
-                    (None, _) => Released::InFlight,
-                };
-                let again = if check.seen_at.is_some() {
-                    RECHECK_MS
-                } else {
-                    RECHECK_IN_FLIGHT_MS
-                };
-                let fresh =
-                    check.resource_version == set.resource_version && now < check.at + again;
-                if check.settled || fresh {
-                    continue;
-                }
-            }
-            if todo.len() >= MAX_RELEASES_PER_ROUND {
-                complete = false;
-                continue;
-            }
-            todo.push((
-                index,
-                released_pod_name(object, set.partition),
-                revision.to_string(),
-            ));
-        }
-        if todo.is_empty() {
-            return complete;
-        }
-        let client = self.client.clone();
-        let metrics = self.ctx.metrics.clone();
-        let held_ref: &[HeldSet] = held;
-        // Per set: its index, the revision looked for, and what was seen when.
-        type Look = (usize, String, Option<(PodProgress, Millis)>);
-        let results: Vec<Look> = futures::stream::iter(todo)
-            .map(|(index, pod, revision)| {
-                let client = client.clone();
-                let metrics = metrics.clone();
-                let namespace = held_ref[index].namespace.clone();
-                async move {
-                    if !leadership.is_leader() {
-                        return (index, revision, None);
-                    }
-                    let api: Api<Pod> = Api::namespaced(client, &namespace);
-                    let answer = within(CALL_TIMEOUT, api.get_opt(&pod)).await;
-                    // Read after the answer: never earlier than what it shows.
-                    let at = now_millis();
-                    let progress = match answer {
-                        Ok(p) => Some((
-                            pod_progress(p.as_ref(), &revision),
-                            deleted_by(p.as_ref(), at),
-                        )),
-                        Err(e) => {
-                            metrics
-                                .releaser_api_errors
-                                .with_label_values(&["get"])
-                                .inc();
-                            tracing::debug!(pod = %format!("{namespace}/{pod}"), error = %e,
-                                    "releaser: could not read the pod a partition step released");
-                            None
-                        }
-                    };
-                    (index, revision, progress)
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .collect()
-            .await;
-        for (index, revision, progress) in results {
-            let set = &mut held[index];
-            let Some((progress, at)) = progress else {
-                continue;
-            };
-            let earlier = self
-                .checks
-                .get(&set.uid)
-                .filter(|c| c.partition == set.partition && c.revision == revision)
-                .and_then(|c| c.seen_at);
-            let seen_at = match progress {
-                PodProgress::NotDeleted => None,
-                PodProgress::Deleted | PodProgress::Updated | PodProgress::Ready => {
-                    Some(earlier.unwrap_or(at))
-                }
-            };
-            let settled = progress == PodProgress::Ready;
-            set.released = match (seen_at, settled) {
-                (Some(at), true) => Released::Settled { at },
-                (Some(at), false) => Released::Starting { at },
-                (None, _) => Released::InFlight,
-            };
-            self.checks.insert(
-                set.uid.clone(),
-                PodCheck {
-                    partition: set.partition,
-                    revision,
-                    resource_version: set.resource_version.clone(),
-                    at: now,
-                    seen_at,
-                    settled,
-                },
-            );
-        }
-        complete
     }
 
     async fn run_jobs(&mut self, jobs: Vec<Job>, leadership: &Leadership, now: Millis) {
@@ -517,6 +367,7 @@ impl PartitionReleaser {
                     JobKind::Step { to, .. } => Some(to),
                     _ => None,
                 },
+                record: job.record.clone(),
             },
         );
         let statefulset = job.target.pod_name();
@@ -685,7 +536,7 @@ impl Rounds for PartitionReleaser {
     fn start_term(&mut self) {
         self.failed.clear();
         self.patched.clear();
-        self.checks.clear();
+        self.looks.clear();
     }
 
     async fn round(
@@ -697,8 +548,22 @@ impl Rounds for PartitionReleaser {
     ) -> Option<Millis> {
         let policy = self.ctx.policy();
         let mut sets = self.read(reader, now);
+        let just_stepped: HashSet<String> = self
+            .patched
+            .iter()
+            .filter(|(_, p)| p.to.is_some())
+            .map(|(uid, _)| uid.clone())
+            .collect();
         let looked = self
-            .look_at_released_pods(&mut sets.held, &sets.held_objects, leadership, now)
+            .looks
+            .look(
+                &self.client,
+                &self.ctx.metrics,
+                (&mut sets.held, &sets.held_objects),
+                &just_stepped,
+                leadership,
+                now,
+            )
             .await;
         // Times seen while looking are later than `now`; plan after them.
         let now = now_millis().max(now);
@@ -717,7 +582,8 @@ impl Rounds for PartitionReleaser {
         let again = sets
             .held
             .iter()
-            .filter_map(|s| match s.released {
+            .flat_map(HeldSet::looked)
+            .filter_map(|r| match r {
                 Released::InFlight => Some(RECHECK_IN_FLIGHT_MS),
                 Released::Starting { .. } => Some(RECHECK_MS),
                 Released::None | Released::Settled { .. } => None,
@@ -745,7 +611,8 @@ fn log_first_round(sets: &Sets, plan: &StepPlan) {
     let in_flight = sets
         .held
         .iter()
-        .filter(|s| s.released == Released::InFlight)
+        .flat_map(HeldSet::looked)
+        .filter(|r| *r == Released::InFlight)
         .count();
     tracing::info!(
         held = sets.held.len(),

@@ -4,8 +4,10 @@
 //! A held set (annotation `partition-target`) moves in steps of one ordinal: a step lowers
 //! `rollingUpdate.partition` and the `partition-held` annotation together, which lets the
 //! StatefulSet controller re-create exactly one pod. A step is taken only once the pod
-//! released by the set's previous step is updated and Ready, it must fit every limit of
-//! the set's rule, and the rule's released pods that are not Ready stay within
+//! released by the set's previous step is updated and Ready (with
+//! `rollingUpdate.maxUnavailable` k > 1: once the pod released k steps ago is, so at most
+//! k of the set's released pods are unsettled at once), it must fit every limit of the
+//! set's rule, and the rule's released pods that are not Ready stay within
 //! `maxNotReady`. Order: round-robin across namespaces, and across the sets of a
 //! namespace, least recently stepped first; both orders are read from the step times
 //! recorded on the sets, so they survive a restart. Moves that release no pod (nothing
@@ -25,17 +27,35 @@
 //! flight), so a restart or a failover opens no burst. The webhook never charges a
 //! partition rule, so nothing else shares these windows.
 
+use super::partition_windows::Windows;
 use super::plan::{longest_window, rule_window};
-use crate::limiter::{spaced_after, Millis};
-use crate::policy::{Action, Policy, Rule, Scope};
+use crate::limiter::Millis;
+use crate::policy::{Action, Policy, Rule};
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Step times kept on a set at most (the newest ones); a window never needs more
 /// than the steps one set can take in it, one per ordinal.
 pub const MAX_STEP_RECORDS: usize = 100;
 
-/// The pod released by a set's last step (the ordinal at the partition).
+/// Steps of one set in flight at most, whatever its `maxUnavailable` says: the shell
+/// looks at each of their pods (a GET each) every round they are unsettled.
+pub const MAX_IN_FLIGHT_PER_SET: u32 = 10;
+
+/// The ordinals (before `ordinals.start`) of the pods a set's last steps released and
+/// that the set may still have in flight: from the partition up, at most
+/// `max_unavailable` of them (capped at `MAX_IN_FLIGHT_PER_SET`), below `replicas`.
+/// Every released pod above them has settled: a step is taken only once the highest of
+/// them has (see `HeldSet::may_step`), so these are the only ones worth a look.
+pub fn released_ordinals(partition: u32, replicas: u32, max_unavailable: u32) -> Range<u32> {
+    let k = max_unavailable.clamp(1, MAX_IN_FLIGHT_PER_SET);
+    let end = partition.saturating_add(k).min(replicas);
+    partition.min(end)..end
+}
+
+/// A pod a set's step released: the last step's is the one at the partition, earlier
+/// steps' are just above it (`HeldSet::earlier`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
     /// The partition is at or above `replicas`: no pod has been released.
@@ -81,11 +101,19 @@ pub struct HeldSet {
     /// `partition-held`; None when missing or unreadable.
     pub held: Option<u32>,
     /// `partition-stepped-at`: when the old pods of earlier steps were seen deleted,
-    /// oldest first (the last step's time is in `released` until the next write).
+    /// oldest first (the times of the pods still looked at, `released` and `earlier`,
+    /// are written when a step takes them out of the looked-at ordinals).
     pub stepped_at: Vec<Millis>,
     /// `partition-held-since`.
     pub held_since: Option<Millis>,
+    /// The pod at the partition: the one the last step released.
     pub released: Released,
+    /// The pods just above it, nearest first, that earlier steps released and that may
+    /// still be in flight: the rest of `released_ordinals` (empty when k = 1).
+    pub earlier: Vec<Released>,
+    /// `rollingUpdate.maxUnavailable` as the StatefulSet controller reads it (1 when
+    /// absent): how many of the set's released pods may be unsettled at once.
+    pub max_unavailable: u32,
     /// The controller has seen the current spec and every pod is at the update revision:
     /// lowering the partition would re-create nothing.
     pub nothing_to_roll: bool,
@@ -102,13 +130,55 @@ impl HeldSet {
         }
     }
 
+    /// The looked-at pods the set's last steps released, the last step's first.
+    pub fn looked(&self) -> impl Iterator<Item = Released> + '_ {
+        std::iter::once(self.released).chain(self.earlier.iter().copied())
+    }
+
+    /// Marks the pods of `released_ordinals` as not looked at yet: in flight (`None`
+    /// when no pod is released).
+    pub fn unlooked(&mut self) {
+        let n = released_ordinals(self.partition, self.replicas, self.max_unavailable).len();
+        self.released = if n == 0 {
+            Released::None
+        } else {
+            Released::InFlight
+        };
+        self.earlier = vec![Released::InFlight; n.saturating_sub(1)];
+    }
+
+    /// The looked-at pod `slot` ordinals above the partition.
+    pub fn looked_mut(&mut self, slot: usize) -> Option<&mut Released> {
+        match slot.checked_sub(1) {
+            None => Some(&mut self.released),
+            Some(i) => self.earlier.get_mut(i),
+        }
+    }
+
+    /// Released pods not updated and Ready yet (what `maxNotReady` counts).
+    fn unsettled(&self) -> u32 {
+        self.looked().filter(|r| !r.settled()).count() as u32
+    }
+
+    /// Whether the set's own pods let it take one more step: fewer than k of its
+    /// released pods are unsettled, and the highest one looked at (the pod k-1
+    /// ordinals above the partition) has settled. That pod leaves the looked-at
+    /// ordinals with the step; were it still unsettled, it would go unseen and the set
+    /// could have more than k unsettled. With k = 1: the last step's pod has settled.
+    fn may_step(&self) -> bool {
+        let k = self.max_unavailable.clamp(1, MAX_IN_FLIGHT_PER_SET) as usize;
+        self.unsettled() < k as u32 && self.looked().skip(k - 1).all(Released::settled)
+    }
+
     /// The times the set's steps count at in the windows (None: in flight, "now").
+    /// The recorded times are of pods no longer looked at; the looked-at pods count at
+    /// their own times (a step records a pod's time when it leaves the looked-at ones).
     fn step_times(&self) -> impl Iterator<Item = Option<Millis>> + '_ {
-        let last = match self.released {
+        let looked = self.looked().filter_map(|r| match r {
             Released::InFlight => Some(None),
             r => r.seen_at().map(Some),
-        };
-        self.stepped_at.iter().map(|&t| Some(t)).chain(last)
+        });
+        self.stepped_at.iter().map(|&t| Some(t)).chain(looked)
     }
 }
 
@@ -287,124 +357,48 @@ fn window_for(policy: &Policy, rule: &str) -> Millis {
         .unwrap_or_else(|| longest_window(policy))
 }
 
-/// The value of `partition-stepped-at` to write now: the recorded times and the last
-/// step's (if its old pod was seen deleted) that are still inside `window`, newest
+/// The value of `partition-stepped-at` to write when the hold ends: the recorded times
+/// and those of every looked-at pod seen deleted that are still inside `window`, newest
 /// `MAX_STEP_RECORDS` at most.
 pub fn record_now(set: &HeldSet, window: Millis, now: Millis) -> Vec<Millis> {
+    record_with(set, set.looked(), window, now)
+}
+
+/// The value of `partition-stepped-at` to write with a move of the partition to `to`:
+/// the recorded times and those of the looked-at pods the move takes out of the
+/// looked-at ordinals (`released_ordinals` from `to`). A pod that stays looked at is not
+/// recorded yet: it counts at its own time, and a new leader finds that time on the pod
+/// (`deleted_by`). With k = 1 a step records its previous pod's time.
+fn record_after_move(set: &HeldSet, to: u32, window: Millis, now: Millis) -> Vec<Millis> {
+    let k = set.max_unavailable.clamp(1, MAX_IN_FLIGHT_PER_SET);
+    let first = set.partition.min(set.replicas);
+    let stays = released_ordinals(to, set.replicas, k);
+    let leaving = set
+        .looked()
+        .zip(first..)
+        .filter(|(_, ordinal)| !stays.contains(ordinal))
+        .map(|(r, _)| r);
+    record_with(set, leaving, window, now)
+}
+
+fn record_with(
+    set: &HeldSet,
+    pods: impl Iterator<Item = Released>,
+    window: Millis,
+    now: Millis,
+) -> Vec<Millis> {
     let mut kept: Vec<Millis> = set
         .stepped_at
         .iter()
         .copied()
-        .chain(set.released.seen_at())
+        .chain(pods.filter_map(Released::seen_at))
         .filter(|&t| t.min(now) + window > now)
         .collect();
+    // Equal times are distinct steps (two pods seen deleted in the same millisecond, or
+    // dated by a new leader from stamps of the same second): keep each.
     kept.sort_unstable();
-    kept.dedup();
     let skip = kept.len().saturating_sub(MAX_STEP_RECORDS);
     kept.split_off(skip)
-}
-
-/// The steps a rule's windows hold, per limit and scope key: the times their old pods
-/// were seen deleted, and how many are still in flight (they count as "now").
-struct Windows<'r> {
-    rule: &'r Rule,
-    seen: Vec<HashMap<Option<String>, Vec<Millis>>>,
-    in_flight: Vec<HashMap<Option<String>, u32>>,
-    /// Decision times of steps taken, for the spacing.
-    taken: Vec<HashMap<Option<String>, Vec<Millis>>>,
-}
-
-impl<'r> Windows<'r> {
-    fn new(rule: &'r Rule) -> Self {
-        Windows {
-            rule,
-            seen: vec![HashMap::new(); rule.limits.len()],
-            in_flight: vec![HashMap::new(); rule.limits.len()],
-            taken: vec![HashMap::new(); rule.limits.len()],
-        }
-    }
-
-    /// Counts a step of `namespace` decided at `at`, for the spacing.
-    fn take(&mut self, namespace: &str, at: Millis) {
-        for (i, limit) in self.rule.limits.iter().enumerate() {
-            let key = Self::key(limit.scope, namespace);
-            self.taken[i].entry(key).or_default().push(at);
-        }
-    }
-
-    fn key(scope: Scope, namespace: &str) -> Option<String> {
-        match scope {
-            Scope::Global => None,
-            // Owner scope is refused for partition rules by the policy; a namespace is
-            // the closest safe reading.
-            Scope::Namespace | Scope::Owner => Some(namespace.to_string()),
-        }
-    }
-
-    /// Counts a step of `namespace`: seen at `at`, or in flight (None).
-    fn add(&mut self, namespace: &str, at: Option<Millis>) {
-        for (i, limit) in self.rule.limits.iter().enumerate() {
-            let key = Self::key(limit.scope, namespace);
-            match at {
-                Some(t) => self.seen[i].entry(key).or_default().push(t),
-                None => *self.in_flight[i].entry(key).or_insert(0) += 1,
-            }
-        }
-    }
-
-    /// Ok when one more step of `namespace` fits every limit now; else when it will
-    /// (None: only once the old pod of a step in flight is seen deleted).
-    fn room(&self, namespace: &str, now: Millis) -> Result<(), Option<Millis>> {
-        let mut wake: Option<Millis> = Some(now);
-        let mut fits = true;
-        for (i, limit) in self.rule.limits.iter().enumerate() {
-            let key = Self::key(limit.scope, namespace);
-            let window = limit.kept_window_ms();
-            let events = limit.events as usize;
-            let flying = self.in_flight[i].get(&key).copied().unwrap_or(0) as usize;
-            let seen = in_window(self.seen[i].get(&key), window, now);
-            let taken = in_window(self.taken[i].get(&key), window, now);
-            let spaced = spaced_after(limit, &taken, now);
-            if seen.len() + flying < events {
-                if spaced > now {
-                    fits = false;
-                    wake = wake.map(|w| w.max(spaced));
-                }
-                continue;
-            }
-            fits = false;
-            if flying >= events {
-                wake = None;
-                continue;
-            }
-            // The oldest seen steps must leave until one more fits.
-            let leave = seen.len() + flying + 1 - events;
-            let at = (seen[leave - 1] + window).max(spaced);
-            wake = wake.map(|w| w.max(at));
-        }
-        if fits {
-            Ok(())
-        } else {
-            Err(wake)
-        }
-    }
-
-    /// Steps in the fullest window now, for metrics.
-    fn fullest(&self, now: Millis) -> u32 {
-        let mut fullest = 0;
-        for (i, limit) in self.rule.limits.iter().enumerate() {
-            let window = limit.kept_window_ms();
-            let keys = self.seen[i].keys().chain(self.in_flight[i].keys());
-            for key in keys {
-                let seen = self.seen[i].get(key).map_or(0, |times| {
-                    times.iter().filter(|&&t| t.min(now) + window > now).count()
-                });
-                let flying = self.in_flight[i].get(key).copied().unwrap_or(0) as usize;
-                fullest = fullest.max((seen + flying) as u32);
-            }
-        }
-        fullest
-    }
 }
 
 /// Each partition rule's windows, with the steps this process took and those recorded on
@@ -490,6 +484,54 @@ fn rule_gone(index: usize, set: &HeldSet, target: u32) -> Move {
     }
 }
 
+/// What a held set of a rule, not let go, does this round.
+enum Next {
+    /// The end of the hold, or straight to the target when nothing is left to re-create.
+    Free(Move),
+    /// A step at the rate, if the rule's windows and `maxNotReady` let it.
+    Candidate,
+    /// Nothing while its released pods settle.
+    Wait,
+}
+
+fn next_move(index: usize, set: &HeldSet, rule: &Rule, target: u32, now: Millis) -> Next {
+    // Moves that end the hold, or re-create nothing, wait for every released pod; a
+    // step at the rate only for the set's own limit (`may_step`).
+    let settled = set.unsettled() == 0;
+    if !settled && !set.may_step() {
+        return Next::Wait;
+    }
+    let name = Some(rule.name.clone());
+    let window = rule_window(rule);
+    let effective = set.partition.min(set.replicas);
+    if set.partition <= target {
+        if !settled {
+            return Next::Wait;
+        }
+        let record = record_now(set, window, now);
+        return Next::Free(Move::Finish {
+            index,
+            rule: name,
+            record,
+        });
+    }
+    if set.nothing_to_roll || effective <= target {
+        if !settled {
+            return Next::Wait;
+        }
+        let record = record_after_move(set, target, window, now);
+        return Next::Free(Move::Step {
+            index,
+            rule: name,
+            from: set.partition,
+            to: target,
+            why: StepWhy::NothingToRoll,
+            record: (record != set.stepped_at).then_some(record),
+        });
+    }
+    Next::Candidate
+}
+
 /// Decides this round's moves.
 pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
     let now = inputs.now;
@@ -512,9 +554,9 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
                 w.add(&set.namespace, t);
             }
         }
-        let not_settled = !set.released.settled();
-        if not_settled && rule.is_some() {
-            *not_ready.entry(key.clone()).or_insert(0) += 1;
+        let unsettled = set.unsettled();
+        if unsettled > 0 && rule.is_some() {
+            *not_ready.entry(key.clone()).or_insert(0) += unsettled;
         }
         if set.backoff {
             continue;
@@ -539,37 +581,18 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
             continue;
         }
         let effective = set.partition.min(set.replicas);
-        let changed = (record != set.stepped_at).then(|| record.clone());
-        if rule.is_none() {
+        let Some(rule) = rule else {
             free.push(rule_gone(index, set, target));
             continue;
-        }
+        };
         let left = remaining.entry(key.clone()).or_insert((0, 0));
         left.0 += 1;
         left.1 += u64::from(effective.saturating_sub(target));
-        if not_settled {
-            continue;
+        match next_move(index, set, rule, target, now) {
+            Next::Free(m) => free.push(m),
+            Next::Candidate => candidates.entry(key).or_default().push(index),
+            Next::Wait => {}
         }
-        if set.partition <= target {
-            free.push(Move::Finish {
-                index,
-                rule: name.clone(),
-                record,
-            });
-            continue;
-        }
-        if set.nothing_to_roll || effective <= target {
-            free.push(Move::Step {
-                index,
-                rule: name.clone(),
-                from: set.partition,
-                to: target,
-                why: StepWhy::NothingToRoll,
-                record: changed,
-            });
-            continue;
-        }
-        candidates.entry(key).or_default().push(index);
     }
 
     plan_cleanups(inputs, &mut out);
@@ -683,7 +706,7 @@ fn plan_rule(
                 .min(set.replicas)
                 .saturating_sub(1)
                 .max(target);
-            let record = record_now(set, rule_window(rule), now);
+            let record = record_after_move(set, to, rule_window(rule), now);
             out.moves.push(Move::Step {
                 index,
                 rule: Some(rule.name.clone()),
@@ -733,22 +756,10 @@ fn plan_rule(
     }
 }
 
-/// The times of one bucket still inside a window at `now` (a time recorded ahead of
-/// `now`, from a clock that ran ahead, counts as now), earliest first.
-fn in_window(times: Option<&Vec<Millis>>, window: Millis, now: Millis) -> Vec<Millis> {
-    let mut recent: Vec<Millis> = times
-        .map(|times| {
-            times
-                .iter()
-                .map(|&t| t.min(now))
-                .filter(|&t| t + window > now)
-                .collect()
-        })
-        .unwrap_or_default();
-    recent.sort_unstable();
-    recent
-}
-
 #[cfg(test)]
 #[path = "partition_plan_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "partition_plan_max_unavailable_tests.rs"]
+mod max_unavailable_tests;

@@ -1,7 +1,7 @@
 use super::*;
 use crate::policy::Policy;
 
-const POLICY: &str = r#"
+pub(super) const POLICY: &str = r#"
 rules:
   - name: rollouts
     match: { resources: [statefulsets], operations: [UPDATE] }
@@ -27,7 +27,7 @@ fn policy(yaml: &str) -> Policy {
 }
 
 /// A fresh hold: 3 replicas held at 3, target 0, nothing released yet.
-fn set(namespace: &str, name: &str) -> HeldSet {
+pub(super) fn set(namespace: &str, name: &str) -> HeldSet {
     HeldSet {
         namespace: namespace.into(),
         name: name.into(),
@@ -42,6 +42,8 @@ fn set(namespace: &str, name: &str) -> HeldSet {
         stepped_at: Vec::new(),
         held_since: Some(0),
         released: Released::None,
+        earlier: Vec::new(),
+        max_unavailable: 1,
         nothing_to_roll: false,
         backoff: false,
     }
@@ -55,11 +57,11 @@ fn stepped(mut s: HeldSet, steps: u32, released: Released) -> HeldSet {
     s
 }
 
-fn settled(at: Millis) -> Released {
+pub(super) fn settled(at: Millis) -> Released {
     Released::Settled { at }
 }
 
-fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Millis) -> StepPlan {
+pub(super) fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Millis) -> StepPlan {
     let policy = policy(yaml);
     plan_steps(&StepInputs {
         held,
@@ -72,7 +74,7 @@ fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Millis) -> Ste
 }
 
 /// One-line descriptions of the moves, for table comparisons.
-fn described(plan: &StepPlan, held: &[HeldSet]) -> Vec<String> {
+pub(super) fn described(plan: &StepPlan, held: &[HeldSet]) -> Vec<String> {
     plan.moves
         .iter()
         .map(|m| {

@@ -11,6 +11,7 @@ use crate::names::{
 use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -75,11 +76,10 @@ pub fn view(sts: &StatefulSet) -> View {
         .and_then(|s| s.type_.as_deref())
         .is_none_or(|t| t == "RollingUpdate");
     let replicas = spec.map_or(1, |s| s.replicas.unwrap_or(1).max(0) as u32);
-    let partition = count(
-        strategy
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.partition),
-    );
+    let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
+    let partition = count(rolling.and_then(|r| r.partition));
+    let max_unavailable =
+        max_unavailable(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas);
     let status = sts.status.as_ref();
     let observed = status.and_then(|s| s.observed_generation).unwrap_or(0);
     let nothing_to_roll = status.is_some_and(|s| {
@@ -88,7 +88,7 @@ pub fn view(sts: &StatefulSet) -> View {
             && count(s.updated_replicas) >= replicas
             && count(Some(s.replicas)) == replicas
     });
-    View::Held(HeldSet {
+    let mut held = HeldSet {
         namespace,
         name,
         uid,
@@ -101,18 +101,40 @@ pub fn view(sts: &StatefulSet) -> View {
         held: get(PARTITION_HELD_ANNOTATION).and_then(|v| v.trim().parse().ok()),
         stepped_at,
         held_since: get(PARTITION_HELD_SINCE_ANNOTATION).and_then(parse_time),
-        // The shell looks at the pod before planning; until then it is in flight.
-        released: if partition < replicas {
-            Released::InFlight
-        } else {
-            Released::None
-        },
+        released: Released::None,
+        earlier: Vec::new(),
+        max_unavailable,
         nothing_to_roll,
         backoff: false,
-    })
+    };
+    // The shell looks at the released pods before planning; until then they are in flight.
+    held.unlooked();
+    View::Held(held)
 }
 
-/// The name of the pod at the set's partition: the one its last step released.
+/// `rollingUpdate.maxUnavailable` as the StatefulSet controller reads it
+/// (`getStatefulSetMaxUnavailable`, k8s.io/kubernetes v1.36): 1 when absent, a
+/// percentage of `spec.replicas` rounded down, at least 1. A value the controller
+/// refuses (a string that is not a percentage, which it answers by updating nothing)
+/// reads as 1. The field exists only with the feature gate MaxUnavailableStatefulSet
+/// on (the API server drops it otherwise); a value left from a time the gate was on is
+/// ignored by the controller, which then deletes one pod at a time: the releaser's
+/// steps stay in flight (counted as "now") until their pods are deleted, so the rate
+/// holds either way.
+pub fn max_unavailable(value: Option<&IntOrString>, replicas: u32) -> u32 {
+    let scaled = match value {
+        None => 1,
+        Some(IntOrString::Int(n)) => i64::from(*n),
+        Some(IntOrString::String(s)) => match s.strip_suffix('%').map(str::parse::<i64>) {
+            Some(Ok(percent)) => percent.saturating_mul(i64::from(replicas)).div_euclid(100),
+            _ => 1,
+        },
+    };
+    u32::try_from(scaled.max(1)).unwrap_or(u32::MAX)
+}
+
+/// The name of the pod at `ordinal` (counted from `ordinals.start`): the pod a step to
+/// that partition released.
 pub fn released_pod_name(sts: &StatefulSet, partition: u32) -> String {
     let start = sts
         .spec
@@ -437,6 +459,79 @@ mod tests {
         for (case, annotations, spec, status, check) in cases {
             let v = view(&sts(annotations, spec, status));
             assert!(check(&v), "{case}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn table_of_max_unavailable() {
+        // (case, rollingUpdate.maxUnavailable, replicas, k, looked-at pods at partition 1)
+        let cases: Vec<(&str, Option<Value>, i32, u32, usize)> = vec![
+            (
+                "absent (what the API server leaves with the feature gate off)",
+                None,
+                5,
+                1,
+                1,
+            ),
+            ("1", Some(json!(1)), 5, 1, 1),
+            ("3", Some(json!(3)), 5, 3, 3),
+            (
+                "\"50%\" of 5: 2, rounded down as the controller does",
+                Some(json!("50%")),
+                5,
+                2,
+                2,
+            ),
+            (
+                "\"10%\" of 5 rounds down to 0: at least 1",
+                Some(json!("10%")),
+                5,
+                1,
+                1,
+            ),
+            (
+                "\"0\": a string that is not a percentage, which the controller refuses",
+                Some(json!("0")),
+                5,
+                1,
+                1,
+            ),
+            ("not a number", Some(json!("three%")), 5, 1, 1),
+            ("0", Some(json!(0)), 5, 1, 1),
+            ("negative", Some(json!(-2)), 5, 1, 1),
+            (
+                "above the replicas: the looked-at pods stop at replicas",
+                Some(json!(8)),
+                5,
+                8,
+                4,
+            ),
+            (
+                "\"100%\" of 40: 40, the looked-at pods capped at 10",
+                Some(json!("100%")),
+                40,
+                40,
+                10,
+            ),
+        ];
+        for (case, value, replicas, k, looked) in cases {
+            let mut rolling = json!({ "partition": 1 });
+            if let Some(v) = value {
+                rolling["maxUnavailable"] = v;
+            }
+            let spec = json!({
+                "replicas": replicas,
+                "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": rolling }
+            });
+            let View::Held(h) = view(&sts(held_annotations(), spec, rolling_status(1))) else {
+                panic!("{case}: not held");
+            };
+            assert_eq!(h.max_unavailable, k, "{case}");
+            assert_eq!(h.looked().count(), looked, "{case}: looked-at pods");
+            assert!(
+                h.looked().all(|r| r == Released::InFlight),
+                "{case}: in flight until looked at"
+            );
         }
     }
 

@@ -408,6 +408,9 @@ impl<'a> Sim<'a> {
                     stepped_at: sts.stepped_at.clone(),
                     held_since: sts.updated_at,
                     released,
+                    // The simulated sets have no maxUnavailable: one step in flight.
+                    earlier: Vec::new(),
+                    max_unavailable: 1,
                     nothing_to_roll: false,
                     backoff: false,
                 }
