@@ -192,6 +192,22 @@ impl Policy {
     }
 }
 
+/// A rule's errors point at the rule's line and name it.
+struct RuleError<'l, 'n> {
+    locate: &'l Locator<'l>,
+    at: usize,
+    name: &'n str,
+}
+
+impl RuleError<'_, '_> {
+    fn fail(&self, key: &str, message: String) -> (usize, String) {
+        (
+            self.locate.key(self.at, key),
+            format!("rule {:?}: {message}", self.name),
+        )
+    }
+}
+
 fn build_rule(
     raw: RawRule,
     timeout: Duration,
@@ -199,43 +215,17 @@ fn build_rule(
     at: usize,
 ) -> Result<Rule, (usize, String)> {
     let name = raw.name.clone();
-    let fail =
-        |key: &str, message: String| (locate.key(at, key), format!("rule {name:?}: {message}"));
-
-    if name.is_empty()
-        || name.len() > 63
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(fail(
-            "name",
-            "the name must be 1 to 63 characters of a-z, 0-9 and '-' (it becomes a metric label)"
-                .into(),
-        ));
-    }
-
-    let action = match raw.action.as_str() {
-        "gate" => Action::Gate,
-        "partition" => Action::Partition,
-        "hold" => Action::Hold,
-        "retry-after" => Action::RetryAfter,
-        "deny" => Action::Deny,
-        "warn" => Action::Warn,
-        other => {
-            return Err(fail(
-                "action",
-                format!(
-                    "unknown action {other:?}; use gate, partition, hold, retry-after, deny or warn"
-                ),
-            ))
-        }
+    let err = RuleError {
+        locate,
+        at,
+        name: &name,
     };
-
+    check_name(&name, &err)?;
+    let action = parse_action(&raw.action, &err)?;
     let kinds = resolve_kinds(&raw.matches.resources, &raw.matches.operations)
-        .map_err(|m| fail("resources", m))?;
+        .map_err(|m| err.fail("resources", m))?;
     if kinds.is_empty() {
-        return Err(fail(
+        return Err(err.fail(
             "resources",
             "no intercepted request matches these resources and operations \
              (pods CREATE/DELETE, pods/eviction CREATE, statefulsets UPDATE)"
@@ -244,14 +234,14 @@ fn build_rule(
     }
     match action {
         Action::Gate if kinds != [ChurnKind::PodCreate] => {
-            return Err(fail(
+            return Err(err.fail(
                 "action",
                 "gate applies only to pods CREATE; match resources: [pods], operations: [CREATE]"
                     .into(),
             ))
         }
         Action::Partition if kinds != [ChurnKind::StatefulSetUpdate] => {
-            return Err(fail(
+            return Err(err.fail(
                 "action",
                 "partition applies only to statefulsets UPDATE".into(),
             ))
@@ -259,12 +249,85 @@ fn build_rule(
         _ => {}
     }
 
-    let mut raw_limits = raw.limits;
-    if let Some(limit) = raw.limit {
+    let limits = build_limits(raw.limit, raw.limits.clone(), action, &err)?;
+    check_caps(&raw, action, timeout, &err)?;
+    let first_events = limits.first().map(|l| l.events).unwrap_or(1);
+    let max_reserved_per_namespace = raw.max_reserved_per_namespace.unwrap_or(first_events);
+    if max_reserved_per_namespace == 0 {
+        return Err(err.fail(
+            "maxReservedPerNamespace",
+            "maxReservedPerNamespace must be at least 1".into(),
+        ));
+    }
+    let max_retry_after = raw.max_retry_after.unwrap_or(Duration::from_secs(60));
+    Ok(Rule {
+        name: Arc::from(name.as_str()),
+        matches: Match {
+            kinds,
+            controller_kinds: raw.matches.controller_kinds,
+            namespaces: raw.matches.namespaces,
+            users: raw.matches.users,
+            exclude_users: raw.matches.exclude_users,
+            exclude_labels: raw.matches.exclude_labels,
+        },
+        limits,
+        action,
+        max_hold: raw.max_hold,
+        max_not_ready: raw.max_not_ready,
+        max_reserved_per_namespace,
+        max_retry_after,
+        gate_only: false,
+    })
+}
+
+fn check_name(name: &str, err: &RuleError<'_, '_>) -> Result<(), (usize, String)> {
+    if name.is_empty()
+        || name.len() > 63
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(err.fail(
+            "name",
+            "the name must be 1 to 63 characters of a-z, 0-9 and '-' (it becomes a metric label)"
+                .into(),
+        ));
+    }
+
+    Ok(())
+}
+
+fn parse_action(action: &str, err: &RuleError<'_, '_>) -> Result<Action, (usize, String)> {
+    Ok(match action {
+        "gate" => Action::Gate,
+        "partition" => Action::Partition,
+        "hold" => Action::Hold,
+        "retry-after" => Action::RetryAfter,
+        "deny" => Action::Deny,
+        "warn" => Action::Warn,
+        other => {
+            return Err(err.fail(
+                "action",
+                format!(
+                    "unknown action {other:?}; use gate, partition, hold, retry-after, deny or warn"
+                ),
+            ))
+        }
+    })
+}
+
+/// The rule's limits (`limit` first, then `limits`), each checked.
+fn build_limits(
+    limit: Option<RawLimit>,
+    mut raw_limits: Vec<RawLimit>,
+    action: Action,
+    err: &RuleError<'_, '_>,
+) -> Result<Vec<Limit>, (usize, String)> {
+    if let Some(limit) = limit {
         raw_limits.insert(0, limit);
     }
     if raw_limits.is_empty() {
-        return Err(fail(
+        return Err(err.fail(
             "limit",
             "a rule needs a limit: { events, window, scope }".into(),
         ));
@@ -272,13 +335,13 @@ fn build_rule(
     let mut limits = Vec::with_capacity(raw_limits.len());
     for l in raw_limits {
         if l.events == 0 || l.events > MAX_EVENTS {
-            return Err(fail(
+            return Err(err.fail(
                 "events",
                 format!("events is {}, it must be 1 to {MAX_EVENTS}", l.events),
             ));
         }
         if l.window < MIN_WINDOW || l.window > MAX_WINDOW {
-            return Err(fail(
+            return Err(err.fail(
                 "window",
                 format!(
                     "window is {}, it must be between {} and {}",
@@ -290,7 +353,7 @@ fn build_rule(
         }
         let burst = l.burst.unwrap_or(DEFAULT_BURST.min(l.events));
         if burst == 0 || burst > l.events {
-            return Err(fail(
+            return Err(err.fail(
                 "burst",
                 format!(
                     "burst is {burst}, it must be 1 to events ({}): how many of them may go \
@@ -312,23 +375,30 @@ fn build_rule(
         });
     }
     if action == Action::Partition && limits.iter().any(|l| l.scope == Scope::Owner) {
-        return Err(fail(
+        return Err(err.fail(
             "scope",
             "partition steps are paced per namespace or globally; owner scope does not apply"
                 .into(),
         ));
     }
 
+    Ok(limits)
+}
+
+/// maxHold, maxNotReady and maxRetryAfter against the action and the timeout.
+fn check_caps(
+    raw: &RawRule,
+    action: Action,
+    timeout: Duration,
+    err: &RuleError<'_, '_>,
+) -> Result<(), (usize, String)> {
     let max_hold_limit = timeout / 2;
     match (action, raw.max_hold) {
         (Action::Hold, None) => {
-            return Err(fail(
-                "action",
-                "hold needs maxHold (e.g. maxHold: 3s)".into(),
-            ))
+            return Err(err.fail("action", "hold needs maxHold (e.g. maxHold: 3s)".into()))
         }
         (Action::Hold | Action::RetryAfter, Some(h)) if h > max_hold_limit => {
-            return Err(fail(
+            return Err(err.fail(
                 "maxHold",
                 format!(
                     "maxHold {} must be at most half of timeoutSeconds ({}), \
@@ -339,7 +409,7 @@ fn build_rule(
             ))
         }
         (Action::Gate | Action::Partition | Action::Deny | Action::Warn, Some(_)) => {
-            return Err(fail(
+            return Err(err.fail(
                 "maxHold",
                 format!(
                     "maxHold applies to hold and retry-after, not {}",
@@ -350,48 +420,24 @@ fn build_rule(
         _ => {}
     }
     if raw.max_not_ready.is_some() && !action.is_mutating() {
-        return Err(fail(
+        return Err(err.fail(
             "maxNotReady",
             "maxNotReady applies to gate and partition, whose releases the releaser tracks".into(),
         ));
     }
     if raw.max_not_ready == Some(0) {
-        return Err(fail("maxNotReady", "maxNotReady must be at least 1".into()));
+        return Err(err.fail("maxNotReady", "maxNotReady must be at least 1".into()));
     }
-    let first_events = limits.first().map(|l| l.events).unwrap_or(1);
-    let max_reserved_per_namespace = raw.max_reserved_per_namespace.unwrap_or(first_events);
-    if max_reserved_per_namespace == 0 {
-        return Err(fail(
-            "maxReservedPerNamespace",
-            "maxReservedPerNamespace must be at least 1".into(),
-        ));
-    }
-    let max_retry_after = raw.max_retry_after.unwrap_or(Duration::from_secs(60));
-    if max_retry_after < Duration::from_secs(1) {
-        return Err(fail(
+    if raw
+        .max_retry_after
+        .is_some_and(|r| r < Duration::from_secs(1))
+    {
+        return Err(err.fail(
             "maxRetryAfter",
             "maxRetryAfter must be at least 1s (Retry-After counts whole seconds)".into(),
         ));
     }
-
-    Ok(Rule {
-        name: Arc::from(name.as_str()),
-        matches: Match {
-            kinds,
-            controller_kinds: raw.matches.controller_kinds,
-            namespaces: raw.matches.namespaces,
-            users: raw.matches.users,
-            exclude_users: raw.matches.exclude_users,
-            exclude_labels: raw.matches.exclude_labels,
-        },
-        limits,
-        action,
-        max_hold: raw.max_hold,
-        max_not_ready: raw.max_not_ready,
-        max_reserved_per_namespace,
-        max_retry_after,
-        gate_only: false,
-    })
+    Ok(())
 }
 
 fn resolve_kinds(resources: &[String], operations: &[String]) -> Result<Vec<ChurnKind>, String> {
