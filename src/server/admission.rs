@@ -166,66 +166,10 @@ async fn review(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let media_type = content_type.split(';').next().unwrap_or("").trim();
-    if !media_type.eq_ignore_ascii_case("application/json") {
-        return refuse(
-            state,
-            "content-type",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!(
-                "churn-throttler: expected Content-Type application/json, got {content_type:?}"
-            ),
-        );
-    }
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
-        Ok(review) => review,
-        Err(e) => {
-            return refuse(
-                state,
-                "malformed",
-                StatusCode::BAD_REQUEST,
-                format!("churn-throttler: the body is not an AdmissionReview: {e}"),
-            );
-        }
-    };
-    let api_version = review.types.api_version.as_str();
-    if !SUPPORTED_API_VERSIONS.contains(&api_version) || review.types.kind != "AdmissionReview" {
-        return refuse(
-            state,
-            "api-version",
-            StatusCode::BAD_REQUEST,
-            format!(
-                "churn-throttler: expected an AdmissionReview of apiVersion {}, got kind {:?} of apiVersion {:?}",
-                SUPPORTED_API_VERSIONS.join(" or "),
-                log_safe(&review.types.kind),
-                log_safe(api_version),
-            ),
-        );
-    }
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+    let request = match parse_review(state, headers, body) {
         Ok(request) => request,
-        Err(_) => {
-            return refuse(
-                state,
-                "no-request",
-                StatusCode::BAD_REQUEST,
-                "churn-throttler: the AdmissionReview has no request".to_string(),
-            );
-        }
+        Err(refused) => return *refused,
     };
-    if request.uid.is_empty() {
-        return refuse(
-            state,
-            "no-uid",
-            StatusCode::BAD_REQUEST,
-            "churn-throttler: the AdmissionReview request has no uid".to_string(),
-        );
-    }
-
     // Before the decision, so a forged review never reaches the limiter (see `pods`).
     if let Check::Unverified(why) = state.pods.check(&request) {
         state
@@ -295,6 +239,85 @@ async fn review(
     }
     let response = respond(&request, &decision);
     Json(crate::admission::review_json(response)).into_response()
+}
+
+/// The request of a well-formed AdmissionReview, or the answer refusing the body (the
+/// refusal counted under its `bad_requests` reason).
+fn parse_review(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<AdmissionRequest<DynamicObject>, Box<Response>> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(refused(
+            state,
+            "content-type",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "churn-throttler: expected Content-Type application/json, got {content_type:?}"
+            ),
+        ));
+    }
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(e) => {
+            return Err(refused(
+                state,
+                "malformed",
+                StatusCode::BAD_REQUEST,
+                format!("churn-throttler: the body is not an AdmissionReview: {e}"),
+            ));
+        }
+    };
+    let api_version = review.types.api_version.as_str();
+    if !SUPPORTED_API_VERSIONS.contains(&api_version) || review.types.kind != "AdmissionReview" {
+        return Err(refused(
+            state,
+            "api-version",
+            StatusCode::BAD_REQUEST,
+            format!(
+                "churn-throttler: expected an AdmissionReview of apiVersion {}, got kind {:?} of apiVersion {:?}",
+                SUPPORTED_API_VERSIONS.join(" or "),
+                log_safe(&review.types.kind),
+                log_safe(api_version),
+            ),
+        ));
+    }
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(_) => {
+            return Err(refused(
+                state,
+                "no-request",
+                StatusCode::BAD_REQUEST,
+                "churn-throttler: the AdmissionReview has no request".to_string(),
+            ));
+        }
+    };
+    if request.uid.is_empty() {
+        return Err(refused(
+            state,
+            "no-uid",
+            StatusCode::BAD_REQUEST,
+            "churn-throttler: the AdmissionReview request has no uid".to_string(),
+        ));
+    }
+    Ok(request)
+}
+
+/// [`refuse`], boxed for a `Result` (a Response is large).
+fn refused(
+    state: &AppState,
+    reason: &'static str,
+    code: StatusCode,
+    message: String,
+) -> Box<Response> {
+    Box::new(refuse(state, reason, code, message))
 }
 
 fn operation_of(request: &AdmissionRequest<DynamicObject>) -> &'static str {
