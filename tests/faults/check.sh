@@ -165,11 +165,15 @@ wait_metric() { # wait_metric SERIES VALUE
   return 1
 }
 # A broken policy while serving: refused, the last good one stays.
+rules_before="$(metric churn_throttler_policy_rules)"
+rules_in_file="$(grep -c '^  - name: ' "$W/policy.yaml")"
 echo "rules: [" >"$W/policy.yaml"
 if wait_metric 'churn_throttler_reloads_total{kind="policy",result="error"}' 1; then ok; else bad "broken policy not reported"; fi
 line="$(grep -m1 'policy not reloaded' "$W/serve.log" | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*policy not reloaded/policy not reloaded/' | head -c 150)"
 printf '%-44s %-6s %-8s %s\n' "broken policy written (hot reload)" "-" "-" "$line"
-[[ "$(metric churn_throttler_policy_rules)" == 5 ]] && ok || bad "the last good policy (5 rules) is not in force"
+rules_after="$(metric churn_throttler_policy_rules)"
+[[ "$rules_before" == "$rules_in_file" && "$rules_after" == "$rules_in_file" ]] && ok \
+  || bad "the last good policy ($rules_in_file rules) is not in force: $rules_before rules before the broken file, $rules_after after"
 # A key that does not match the certificate: refused, the last good pair keeps serving.
 "$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --dev-dir "$W/other" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 >/dev/null 2>&1 &
 other=$!
