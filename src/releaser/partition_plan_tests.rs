@@ -636,3 +636,51 @@ fn steps_are_spaced_by_their_decision_times() {
     let due = plan_with(&taken, 1_000 + spacing);
     assert_eq!(due.moves.len(), 1);
 }
+
+/// A spaced limit keeps at most `burst` steps whose old pod is not seen deleted: what the
+/// controller deletes late, it cannot then delete together beyond the burst.
+#[test]
+fn at_most_burst_steps_wait_for_their_deletion() {
+    let yaml = POLICY
+        .replace("events: 2, burst: 2", "events: 10, burst: 2")
+        .replace("maxNotReady: 3", "maxNotReady: 50");
+    let now = 100_000;
+    let in_flight = |ns: &str| stepped(set(ns, "db"), 1, Released::InFlight);
+    let fresh = [set("c", "db"), set("d", "db")];
+    // (case, sets in flight, sets whose old pod was seen deleted, steps now)
+    let cases = [
+        ("none in flight: the burst", 0, 0, 2),
+        ("one in flight: one more", 1, 0, 1),
+        ("two in flight: none until a deletion is seen", 2, 0, 0),
+        ("two stepped, one seen deleted: one more", 1, 1, 1),
+    ];
+    for (case, flying, seen, want) in cases {
+        let mut held: Vec<HeldSet> = (0..flying).map(|i| in_flight(&format!("f{i}"))).collect();
+        held.extend((0..seen).map(|i| {
+            stepped(
+                set(&format!("s{i}"), "db"),
+                1,
+                Released::Starting { at: now - 100 },
+            )
+        }));
+        held.extend(fresh.iter().cloned());
+        let plan = plan_at(&held, &[], &yaml, now);
+        let steps = plan
+            .moves
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m,
+                    Move::Step {
+                        why: StepWhy::Rate,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(steps, want, "{case}: {:?}", described(&plan, &held));
+        if want == 0 {
+            assert_eq!(plan.wake_at, None, "{case}: waits for a look, not a time");
+        }
+    }
+}
