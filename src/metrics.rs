@@ -1,32 +1,44 @@
-//! One typed Prometheus registry, passed explicitly to whoever records.
-//! Label values are bounded: rule names come from the policy, the rest are fixed sets.
+//! The metrics, registered per component (`register(&Registry) -> Self`) in one registry
+//! that `/metrics` renders; each part holds only its own (the server and the limiter's
+//! gauges in AppState, the releasers' in `ReleaserParts`, the budget's in its lease
+//! loop). Label values are bounded: rule names come from the policy, the rest are fixed sets.
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// What the releasers record: their leadership, the gate's and the partition steps'.
+#[derive(Clone)]
+pub struct ReleaserParts {
+    pub releaser: ReleaserMetrics,
+    pub gate: GateMetrics,
+    pub partition: PartitionMetrics,
+}
+
+/// Every component's metrics, registered in one registry that `/metrics` renders.
 pub struct Metrics {
     registry: Registry,
+    pub server: ServerMetrics,
+    pub limiter: LimiterMetrics,
+    pub releaser: ReleaserMetrics,
+    pub gate: GateMetrics,
+    pub partition: PartitionMetrics,
+    pub budget: BudgetMetrics,
+}
+
+/// The HTTPS server and the admission path: decisions, answers, holds, refusals, reloads, readiness.
+#[derive(Clone)]
+pub struct ServerMetrics {
     /// decisions by rule, operation and action
     pub decisions: IntCounterVec,
     /// seconds from request to answer, by endpoint (holds included)
     pub admission_duration: HistogramVec,
     /// HTTP answers by endpoint and status code
     pub http_requests: IntCounterVec,
-    /// charges in the fullest window, per rule
-    pub window_usage: IntGaugeVec,
-    /// events allowed per window, per rule
-    pub window_limit: IntGaugeVec,
-    /// seconds between consecutive events after the burst, per rule (0: no spacing)
-    pub rule_spacing: GaugeVec,
     pub held_requests: IntGauge,
     /// seconds a held request waited
     pub hold_duration: Histogram,
-    pub reservations_open: IntGauge,
-    pub buckets: IntGauge,
-    /// policy and certificate reloads by kind and result
-    pub reloads: IntCounterVec,
     /// requests of kinds or subresources that are not paced, by resource group
     pub unhandled: IntCounterVec,
     /// requests refused before a decision (malformed, wrong content type, too large)
@@ -34,11 +46,187 @@ pub struct Metrics {
     /// pod DELETEs and evictions allowed without a charge: the pod is not the one the
     /// pod cache has, by reason (no-such-pod, uid-mismatch)
     pub unverified_requests: IntCounterVec,
+    pub gated_pods: IntCounterVec,
     /// 1 once the pod cache has listed every pod, 0 without a cache or before
     pub pod_cache_synced: IntGauge,
-    pub gated_pods: IntCounterVec,
-    pub policy_rules: IntGauge,
+    /// policy and certificate reloads by kind and result
+    pub reloads: IntCounterVec,
     pub ready: IntGauge,
+}
+
+impl ServerMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        let admission_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_admission_duration_seconds",
+                "Time from receiving an admission review to answering it, holds included.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["endpoint"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(registry, Box::new(admission_duration.clone()));
+        let hold_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "churn_throttler_hold_duration_seconds",
+                "How long held requests waited in the webhook for their slot.",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]),
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(registry, Box::new(hold_duration.clone()));
+        ServerMetrics {
+            decisions: counter_vec(
+                registry,
+                "churn_throttler_decisions_total",
+                "Admission decisions by rule, operation and action.",
+                &["rule", "operation", "action"],
+            ),
+            admission_duration,
+            http_requests: counter_vec(
+                registry,
+                "churn_throttler_http_requests_total",
+                "HTTP answers of the admission endpoints by endpoint and status code.",
+                &["endpoint", "code"],
+            ),
+            held_requests: gauge(
+                registry,
+                "churn_throttler_held_requests",
+                "Admission requests being held in the webhook right now.",
+            ),
+            hold_duration,
+            unhandled: counter_vec(
+                registry,
+                "churn_throttler_unhandled_requests_total",
+                "Requests of kinds, subresources or operations that are not paced, allowed as they are.",
+                &["reason"],
+            ),
+            bad_requests: counter_vec(
+                registry,
+                "churn_throttler_bad_requests_total",
+                "Requests answered with an HTTP error before any decision, by reason.",
+                &["reason"],
+            ),
+            unverified_requests: counter_vec(
+                registry,
+                "churn_throttler_unverified_requests_total",
+                "Pod DELETEs and evictions allowed without a charge because the pod cache has no such pod, by reason.",
+                &["reason"],
+            ),
+            gated_pods: counter_vec(
+                registry,
+                "churn_throttler_gated_pods_total",
+                "Pods admitted behind the scheduling gate, by rule.",
+                &["rule"],
+            ),
+            pod_cache_synced: gauge(
+                registry,
+                "churn_throttler_pod_cache_synced",
+                "1 once the pod cache has listed every pod (deletions of pods it lacks are then not charged), else 0.",
+            ),
+            reloads: counter_vec(
+                registry,
+                "churn_throttler_reloads_total",
+                "Reloads of the policy and the certificate, by kind and result.",
+                &["kind", "result"],
+            ),
+            ready: gauge(
+                registry,
+                "churn_throttler_ready",
+                "1 while the server is ready to take admission reviews.",
+            ),
+        }
+    }
+}
+
+/// The policy in force and the limiter's windows, published on every sweep.
+#[derive(Clone)]
+pub struct LimiterMetrics {
+    /// charges in the fullest window, per rule
+    pub window_usage: IntGaugeVec,
+    /// events allowed per window, per rule
+    pub window_limit: IntGaugeVec,
+    /// seconds between consecutive events after the burst, per rule (0: no spacing)
+    pub rule_spacing: GaugeVec,
+    pub reservations_open: IntGauge,
+    pub buckets: IntGauge,
+    pub policy_rules: IntGauge,
+}
+
+impl LimiterMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        LimiterMetrics {
+            window_usage: gauge_vec(
+                registry,
+                "churn_throttler_window_usage",
+                "Charges in the current window of the rule's fullest bucket.",
+                &["rule"],
+            ),
+            window_limit: gauge_vec(
+                registry,
+                "churn_throttler_window_limit",
+                "Events the rule allows per window (its first limit).",
+                &["rule"],
+            ),
+            rule_spacing: {
+                let name = "churn_throttler_rule_spacing_seconds";
+                let metric = GaugeVec::new(
+                    Opts::new(
+                        name,
+                        "Seconds between consecutive events after the burst (the rule's first \
+                         limit; 0 when its burst is the whole window).",
+                    ),
+                    &["rule"],
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                register(registry, Box::new(metric.clone()));
+                metric
+            },
+            reservations_open: gauge(
+                registry,
+                "churn_throttler_reservations_open",
+                "Reserved future slots not yet claimed.",
+            ),
+            buckets: gauge(registry, "churn_throttler_buckets", "Live limiter buckets."),
+            policy_rules: gauge(
+                registry,
+                "churn_throttler_policy_rules",
+                "Rules in the policy in force.",
+            ),
+        }
+    }
+}
+
+/// The releaser's leadership and its API errors (shared by the gate and partition releasers).
+#[derive(Clone)]
+pub struct ReleaserMetrics {
+    /// releaser: 1 while this replica holds the lease
+    pub releaser_leader: IntGauge,
+    /// releaser: failed API calls by operation (lease, watch, patch, event)
+    pub releaser_api_errors: IntCounterVec,
+}
+
+impl ReleaserMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        ReleaserMetrics {
+            releaser_leader: gauge(
+                registry,
+                "churn_throttler_releaser_leader",
+                "1 while this replica holds the releaser's lease.",
+            ),
+            releaser_api_errors: counter_vec(
+                registry,
+                "churn_throttler_releaser_api_errors_total",
+                "Failed API calls of the releaser, by operation (lease, watch, patch, event).",
+                &["operation"],
+            ),
+        }
+    }
+}
+
+/// The gate releaser: queue, releases, Events.
+#[derive(Clone)]
+pub struct GateMetrics {
     /// releaser: pods waiting behind the gate, by rule ("(none)" when the rule is gone)
     pub gate_queue: IntGaugeVec,
     /// releaser: released pods not yet Ready, by rule (what maxNotReady counts)
@@ -49,18 +237,63 @@ pub struct Metrics {
     pub gate_release_failures: IntCounterVec,
     /// releaser: seconds from pod creation to release, by rule
     pub gate_wait: HistogramVec,
-    /// releaser: 1 while this replica holds the lease
-    pub releaser_leader: IntGauge,
-    /// releaser: failed API calls by operation (lease, watch, patch, event)
-    pub releaser_api_errors: IntCounterVec,
     /// releaser: Events written on gated pods
     pub gate_events: IntCounterVec,
-    /// global budget: what every limit is divided by on this replica (1: budget off)
-    pub budget_replicas: IntGauge,
-    /// global budget: 1 while the fallback share applies
-    pub budget_fallback: IntGauge,
-    /// global budget: failed Lease calls
-    pub budget_api_errors: IntCounterVec,
+}
+
+impl GateMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        let gate_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_gate_wait_seconds",
+                "Time pods spent behind the scheduling gate, from creation to release, by rule.",
+            )
+            .buckets(vec![
+                0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+            ]),
+            &["rule"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(registry, Box::new(gate_wait.clone()));
+        GateMetrics {
+            gate_queue: gauge_vec(
+                registry,
+                "churn_throttler_gate_queue_pods",
+                "Pods waiting behind the scheduling gate, by rule (as seen by the leading releaser).",
+                &["rule"],
+            ),
+            gate_not_ready: gauge_vec(
+                registry,
+                "churn_throttler_gate_released_not_ready_pods",
+                "Released pods not yet Ready, by rule (what maxNotReady counts).",
+                &["rule"],
+            ),
+            gate_releases: counter_vec(
+                registry,
+                "churn_throttler_gate_releases_total",
+                "Scheduling gates lifted, by rule and reason (rate, rule-gone, ungated-elsewhere).",
+                &["rule", "reason"],
+            ),
+            gate_release_failures: counter_vec(
+                registry,
+                "churn_throttler_gate_release_failures_total",
+                "Release patches refused, by reason (conflict: the pod changed; gone; error).",
+                &["reason"],
+            ),
+            gate_wait,
+            gate_events: counter_vec(
+                registry,
+                "churn_throttler_gate_events_total",
+                "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady).",
+                &["reason"],
+            ),
+        }
+    }
+}
+
+/// The partition releaser: held StatefulSets, steps, Events.
+#[derive(Clone)]
+pub struct PartitionMetrics {
     /// partition releaser: StatefulSets whose rollout is held, by rule
     pub partition_held: IntGaugeVec,
     /// partition releaser: pods re-created by steps and not yet Ready, by rule
@@ -77,6 +310,102 @@ pub struct Metrics {
     pub partition_held_duration: HistogramVec,
     /// partition releaser: Events written on StatefulSets, by reason
     pub partition_events: IntCounterVec,
+}
+
+impl PartitionMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        let partition_held_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "churn_throttler_partition_held_seconds",
+                "Time a StatefulSet rollout was held, from the hold to its end (target reached or let go), by rule.",
+            )
+            .buckets(vec![
+                1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0,
+            ]),
+            &["rule"],
+        )
+        .unwrap_or_else(|e| panic!("histogram: {e}"));
+        register(registry, Box::new(partition_held_duration.clone()));
+        PartitionMetrics {
+            partition_held: gauge_vec(
+                registry,
+                "churn_throttler_partition_held_statefulsets",
+                "StatefulSets whose rollout churn-throttler holds, by rule (as seen by the leading releaser).",
+                &["rule"],
+            ),
+            partition_not_ready: gauge_vec(
+                registry,
+                "churn_throttler_partition_released_not_ready_pods",
+                "Pods re-created by partition steps and not yet updated and Ready, by rule (what maxNotReady counts).",
+                &["rule"],
+            ),
+            partition_window_steps: gauge_vec(
+                registry,
+                "churn_throttler_partition_window_steps",
+                "Partition steps in the rule's fullest window, steps whose pod is not yet seen re-created included, by rule (leading releaser).",
+                &["rule"],
+            ),
+            partition_steps: counter_vec(
+                registry,
+                "churn_throttler_partition_steps_total",
+                "Partition steps, by rule and reason (rate; nothing-to-roll and rule-gone are uncharged).",
+                &["rule", "reason"],
+            ),
+            partition_rollouts: counter_vec(
+                registry,
+                "churn_throttler_partition_rollouts_total",
+                "Held rollouts that ended, by rule and outcome (done, let-go, rule-gone).",
+                &["rule", "outcome"],
+            ),
+            partition_failures: counter_vec(
+                registry,
+                "churn_throttler_partition_patch_failures_total",
+                "StatefulSet patches of the partition releaser refused, by reason (conflict: the set changed; gone; error).",
+                &["reason"],
+            ),
+            partition_held_duration,
+            partition_events: counter_vec(
+                registry,
+                "churn_throttler_partition_events_total",
+                "Kubernetes Events written on held StatefulSets, by reason.",
+                &["reason"],
+            ),
+        }
+    }
+}
+
+/// The global budget across webhook replicas.
+#[derive(Clone)]
+pub struct BudgetMetrics {
+    /// global budget: what every limit is divided by on this replica (1: budget off)
+    pub budget_replicas: IntGauge,
+    /// global budget: 1 while the fallback share applies
+    pub budget_fallback: IntGauge,
+    /// global budget: failed Lease calls
+    pub budget_api_errors: IntCounterVec,
+}
+
+impl BudgetMetrics {
+    pub fn register(registry: &Registry) -> Self {
+        BudgetMetrics {
+            budget_replicas: gauge(
+                registry,
+                "churn_throttler_budget_replicas",
+                "Global budget: what every limit is divided by on this replica (live replicas, or the fallback; 1 when the budget is off, 0 while warming up at 1 event per window).",
+            ),
+            budget_fallback: gauge(
+                registry,
+                "churn_throttler_budget_fallback",
+                "Global budget: 1 while the API server has been out of reach for longer than a lease and the fallback share applies.",
+            ),
+            budget_api_errors: counter_vec(
+                registry,
+                "churn_throttler_budget_api_errors_total",
+                "Global budget: failed API calls on the replica Leases, by operation.",
+                &["operation"],
+            ),
+        }
+    }
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -114,248 +443,23 @@ const LATENCY_BUCKETS: &[f64] = &[
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let admission_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "churn_throttler_admission_duration_seconds",
-                "Time from receiving an admission review to answering it, holds included.",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["endpoint"],
-        )
-        .unwrap_or_else(|e| panic!("histogram: {e}"));
-        register(&registry, Box::new(admission_duration.clone()));
-        let hold_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "churn_throttler_hold_duration_seconds",
-                "How long held requests waited in the webhook for their slot.",
-            )
-            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]),
-        )
-        .unwrap_or_else(|e| panic!("histogram: {e}"));
-        register(&registry, Box::new(hold_duration.clone()));
-        let gate_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "churn_throttler_gate_wait_seconds",
-                "Time pods spent behind the scheduling gate, from creation to release, by rule.",
-            )
-            .buckets(vec![
-                0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-            ]),
-            &["rule"],
-        )
-        .unwrap_or_else(|e| panic!("histogram: {e}"));
-        register(&registry, Box::new(gate_wait.clone()));
-        let partition_held_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "churn_throttler_partition_held_seconds",
-                "Time a StatefulSet rollout was held, from the hold to its end (target reached or let go), by rule.",
-            )
-            .buckets(vec![
-                1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0,
-            ]),
-            &["rule"],
-        )
-        .unwrap_or_else(|e| panic!("histogram: {e}"));
-        register(&registry, Box::new(partition_held_duration.clone()));
         Metrics {
-            decisions: counter_vec(
-                &registry,
-                "churn_throttler_decisions_total",
-                "Admission decisions by rule, operation and action.",
-                &["rule", "operation", "action"],
-            ),
-            admission_duration,
-            http_requests: counter_vec(
-                &registry,
-                "churn_throttler_http_requests_total",
-                "HTTP answers of the admission endpoints by endpoint and status code.",
-                &["endpoint", "code"],
-            ),
-            window_usage: gauge_vec(
-                &registry,
-                "churn_throttler_window_usage",
-                "Charges in the current window of the rule's fullest bucket.",
-                &["rule"],
-            ),
-            window_limit: gauge_vec(
-                &registry,
-                "churn_throttler_window_limit",
-                "Events the rule allows per window (its first limit).",
-                &["rule"],
-            ),
-            rule_spacing: {
-                let name = "churn_throttler_rule_spacing_seconds";
-                let metric = GaugeVec::new(
-                    Opts::new(
-                        name,
-                        "Seconds between consecutive events after the burst (the rule's first \
-                         limit; 0 when its burst is the whole window).",
-                    ),
-                    &["rule"],
-                )
-                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-                register(&registry, Box::new(metric.clone()));
-                metric
-            },
-            held_requests: gauge(
-                &registry,
-                "churn_throttler_held_requests",
-                "Admission requests being held in the webhook right now.",
-            ),
-            hold_duration,
-            reservations_open: gauge(
-                &registry,
-                "churn_throttler_reservations_open",
-                "Reserved future slots not yet claimed.",
-            ),
-            buckets: gauge(&registry, "churn_throttler_buckets", "Live limiter buckets."),
-            reloads: counter_vec(
-                &registry,
-                "churn_throttler_reloads_total",
-                "Reloads of the policy and the certificate, by kind and result.",
-                &["kind", "result"],
-            ),
-            unhandled: counter_vec(
-                &registry,
-                "churn_throttler_unhandled_requests_total",
-                "Requests of kinds, subresources or operations that are not paced, allowed as they are.",
-                &["reason"],
-            ),
-            bad_requests: counter_vec(
-                &registry,
-                "churn_throttler_bad_requests_total",
-                "Requests answered with an HTTP error before any decision, by reason.",
-                &["reason"],
-            ),
-            unverified_requests: counter_vec(
-                &registry,
-                "churn_throttler_unverified_requests_total",
-                "Pod DELETEs and evictions allowed without a charge because the pod cache has no such pod, by reason.",
-                &["reason"],
-            ),
-            pod_cache_synced: gauge(
-                &registry,
-                "churn_throttler_pod_cache_synced",
-                "1 once the pod cache has listed every pod (deletions of pods it lacks are then not charged), else 0.",
-            ),
-            gated_pods: counter_vec(
-                &registry,
-                "churn_throttler_gated_pods_total",
-                "Pods admitted behind the scheduling gate, by rule.",
-                &["rule"],
-            ),
-            policy_rules: gauge(
-                &registry,
-                "churn_throttler_policy_rules",
-                "Rules in the policy in force.",
-            ),
-            ready: gauge(
-                &registry,
-                "churn_throttler_ready",
-                "1 while the server is ready to take admission reviews.",
-            ),
-            gate_queue: gauge_vec(
-                &registry,
-                "churn_throttler_gate_queue_pods",
-                "Pods waiting behind the scheduling gate, by rule (as seen by the leading releaser).",
-                &["rule"],
-            ),
-            gate_not_ready: gauge_vec(
-                &registry,
-                "churn_throttler_gate_released_not_ready_pods",
-                "Released pods not yet Ready, by rule (what maxNotReady counts).",
-                &["rule"],
-            ),
-            gate_releases: counter_vec(
-                &registry,
-                "churn_throttler_gate_releases_total",
-                "Scheduling gates lifted, by rule and reason (rate, rule-gone, ungated-elsewhere).",
-                &["rule", "reason"],
-            ),
-            gate_release_failures: counter_vec(
-                &registry,
-                "churn_throttler_gate_release_failures_total",
-                "Release patches refused, by reason (conflict: the pod changed; gone; error).",
-                &["reason"],
-            ),
-            gate_wait,
-            releaser_leader: gauge(
-                &registry,
-                "churn_throttler_releaser_leader",
-                "1 while this replica holds the releaser's lease.",
-            ),
-            releaser_api_errors: counter_vec(
-                &registry,
-                "churn_throttler_releaser_api_errors_total",
-                "Failed API calls of the releaser, by operation (lease, watch, patch, event).",
-                &["operation"],
-            ),
-            gate_events: counter_vec(
-                &registry,
-                "churn_throttler_gate_events_total",
-                "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady).",
-                &["reason"],
-            ),
-            budget_replicas: gauge(
-                &registry,
-                "churn_throttler_budget_replicas",
-                "Global budget: what every limit is divided by on this replica (live replicas, or the fallback; 1 when the budget is off, 0 while warming up at 1 event per window).",
-            ),
-            budget_fallback: gauge(
-                &registry,
-                "churn_throttler_budget_fallback",
-                "Global budget: 1 while the API server has been out of reach for longer than a lease and the fallback share applies.",
-            ),
-            budget_api_errors: counter_vec(
-                &registry,
-                "churn_throttler_budget_api_errors_total",
-                "Global budget: failed API calls on the replica Leases, by operation.",
-                &["operation"],
-            ),
-            partition_held: gauge_vec(
-                &registry,
-                "churn_throttler_partition_held_statefulsets",
-                "StatefulSets whose rollout churn-throttler holds, by rule (as seen by the leading releaser).",
-                &["rule"],
-            ),
-            partition_not_ready: gauge_vec(
-                &registry,
-                "churn_throttler_partition_released_not_ready_pods",
-                "Pods re-created by partition steps and not yet updated and Ready, by rule (what maxNotReady counts).",
-                &["rule"],
-            ),
-            partition_window_steps: gauge_vec(
-                &registry,
-                "churn_throttler_partition_window_steps",
-                "Partition steps in the rule's fullest window, steps whose pod is not yet seen re-created included, by rule (leading releaser).",
-                &["rule"],
-            ),
-            partition_steps: counter_vec(
-                &registry,
-                "churn_throttler_partition_steps_total",
-                "Partition steps, by rule and reason (rate; nothing-to-roll and rule-gone are uncharged).",
-                &["rule", "reason"],
-            ),
-            partition_rollouts: counter_vec(
-                &registry,
-                "churn_throttler_partition_rollouts_total",
-                "Held rollouts that ended, by rule and outcome (done, let-go, rule-gone).",
-                &["rule", "outcome"],
-            ),
-            partition_failures: counter_vec(
-                &registry,
-                "churn_throttler_partition_patch_failures_total",
-                "StatefulSet patches of the partition releaser refused, by reason (conflict: the set changed; gone; error).",
-                &["reason"],
-            ),
-            partition_held_duration,
-            partition_events: counter_vec(
-                &registry,
-                "churn_throttler_partition_events_total",
-                "Kubernetes Events written on held StatefulSets, by reason.",
-                &["reason"],
-            ),
+            server: ServerMetrics::register(&registry),
+            limiter: LimiterMetrics::register(&registry),
+            releaser: ReleaserMetrics::register(&registry),
+            gate: GateMetrics::register(&registry),
+            partition: PartitionMetrics::register(&registry),
+            budget: BudgetMetrics::register(&registry),
             registry,
+        }
+    }
+
+    /// The parts the releasers hold.
+    pub fn releaser_parts(&self) -> ReleaserParts {
+        ReleaserParts {
+            releaser: self.releaser.clone(),
+            gate: self.gate.clone(),
+            partition: self.partition.clone(),
         }
     }
 

@@ -158,7 +158,7 @@ fn spawn_cluster_shells(
                 policy: state.policy_cell(),
                 limiter: state.limiter_cell(),
                 role: state.releaser_role(),
-                metrics: state.metrics.clone(),
+                metrics: state.metrics.releaser_parts(),
                 instance: state.instance.clone(),
                 kube: kube.clone(),
             };
@@ -172,7 +172,7 @@ fn spawn_cluster_shells(
             let ctx = crate::budget::lease::Context {
                 budget: state.budget_cell(),
                 policy: state.policy_cell(),
-                metrics: state.metrics.clone(),
+                metrics: state.metrics.budget.clone(),
                 kube: kube.clone(),
             };
             tasks.spawn(crate::budget::lease::run(

@@ -6,7 +6,7 @@
 
 use crate::budget::{share_at, GateRole, Share, ShareHistory};
 use crate::limiter::{Limiter, Millis};
-use crate::metrics::Metrics;
+use crate::metrics::BudgetMetrics;
 use crate::policy::Policy;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -221,7 +221,7 @@ impl BudgetCell {
     }
 
     /// Publishes the share under `policy` as the budget gauges.
-    pub fn publish(&self, policy: &Policy, metrics: &Metrics) {
+    pub fn publish(&self, policy: &Policy, metrics: &BudgetMetrics) {
         let share = self.share(policy);
         let divisor = match share {
             Share::WarmingUp => 0,

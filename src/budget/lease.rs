@@ -3,7 +3,7 @@
 //! where it is used (`AppState::decision_policy`), so a stuck loop still falls back on time.
 
 use super::{lease_name, PeerLease, Peers};
-use crate::metrics::Metrics;
+use crate::metrics::BudgetMetrics;
 use crate::names::LEASE_LABEL;
 use crate::releaser::lease::{within, Failure};
 use crate::shared::{BudgetCell, KubeClient, PolicyCell};
@@ -83,7 +83,7 @@ pub fn config_from_args(args: &crate::cli::ServeArgs) -> Option<Config> {
 pub struct Context {
     pub budget: Arc<BudgetCell>,
     pub policy: Arc<PolicyCell>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: BudgetMetrics,
     /// The process's Kubernetes client, shared with the other shells.
     pub kube: Arc<KubeClient>,
 }

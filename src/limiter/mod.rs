@@ -123,8 +123,9 @@ pub enum RefusedWhy {
 pub struct Usage {
     pub buckets: usize,
     pub reservations: usize,
-    /// Per rule: the fullest bucket's charges in its current window, and that bucket's limit.
-    pub per_rule: HashMap<Arc<str>, (u32, u32)>,
+    /// Per rule: the charges in the current window of the fullest bucket of its first
+    /// limit (the limit `churn_throttler_window_limit` shows, so the two gauges pair up).
+    pub per_rule: HashMap<Arc<str>, u32>,
 }
 
 pub struct Limiter {
@@ -415,15 +416,12 @@ impl Limiter {
         for r in &dropped {
             self.release_share(r);
         }
-        let mut per_rule: HashMap<Arc<str>, (u32, u32)> = HashMap::new();
+        let mut per_rule: HashMap<Arc<str>, u32> = HashMap::new();
         self.buckets.retain(|key, bucket| {
             bucket.trim(now);
-            let used = bucket.in_window(now);
-            let entry = per_rule
-                .entry(key.rule.clone())
-                .or_insert((0, bucket.events));
-            if used > entry.0 {
-                *entry = (used, bucket.events);
+            if key.limit == 0 {
+                let used = per_rule.entry(key.rule.clone()).or_insert(0);
+                *used = (*used).max(bucket.in_window(now));
             }
             !bucket.is_idle(now)
         });

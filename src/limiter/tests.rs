@@ -254,6 +254,30 @@ fn sweep_expires_unclaimed_reservations_and_idle_buckets() {
     assert_eq!((usage.buckets, usage.reservations), (0, 0));
 }
 
+/// The usage a sweep reports is that of the rule's first limit, the one the
+/// window_limit gauge shows: a per-namespace first limit is not compared with the
+/// global second limit's count.
+#[test]
+fn sweep_reports_the_fullest_bucket_of_the_first_limit() {
+    let rule: Arc<str> = Arc::from("r");
+    let limits = [
+        limit(2, 10_000, Scope::Namespace),
+        limit(10, 10_000, Scope::Global),
+    ];
+    let mut limiter = Limiter::new(100);
+    for (ns, n) in [("a", 2), ("b", 1)] {
+        for _ in 0..n {
+            limiter.record(&rule, &limits, ns, None, 1_000, 1);
+        }
+    }
+    let usage = limiter.sweep(2_000);
+    assert_eq!(
+        usage.per_rule.get(&rule),
+        Some(&2),
+        "namespace a's 2, not the global 3"
+    );
+}
+
 #[test]
 fn bucket_table_is_capped_by_an_overflow_bucket() {
     let rule: Arc<str> = Arc::from("r");

@@ -131,10 +131,10 @@ struct Job {
 impl Releaser {
     fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Releaser {
         let metrics = &ctx.metrics;
-        let events = EventWriter::new(&client, config, "Gate", &metrics.gate_events, metrics);
+        let events = EventWriter::new(&client, config, "Gate", &metrics.gate.gate_events, metrics);
         let gauges = RuleGauges::new(vec![
-            metrics.gate_queue.clone(),
-            metrics.gate_not_ready.clone(),
+            metrics.gate.gate_queue.clone(),
+            metrics.gate.gate_not_ready.clone(),
         ]);
         Releaser {
             client,
@@ -297,10 +297,12 @@ impl Releaser {
                     self.charged.insert(&job.target.uid, now);
                     self.failed.succeeded(&job.target.uid);
                     metrics
+                        .gate
                         .gate_releases
                         .with_label_values(&[&job.rule, job.reason])
                         .inc();
                     metrics
+                        .gate
                         .gate_wait
                         .with_label_values(&[&job.rule])
                         .observe(job.waited_ms as f64 / 1000.0);
@@ -311,12 +313,14 @@ impl Releaser {
                 continue;
             };
             metrics
+                .gate
                 .gate_release_failures
                 .with_label_values(&[failure])
                 .inc();
             if let Done::Error(e) = done {
                 errors += 1;
                 metrics
+                    .releaser
                     .releaser_api_errors
                     .with_label_values(&["patch"])
                     .inc();
@@ -362,6 +366,7 @@ impl Releaser {
             if let Done::Error(e) = done {
                 self.ctx
                     .metrics
+                    .releaser
                     .releaser_api_errors
                     .with_label_values(&["patch"])
                     .inc();

@@ -7,12 +7,11 @@
 //! leader counts its term from the moment it *sent* the renewal, minus a margin, so it
 //! stops releasing before any other replica can take over.
 
-use crate::metrics::Metrics;
+use crate::metrics::ReleaserParts;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -107,7 +106,7 @@ pub async fn run(
     api: Api<Lease>,
     config: LeaseConfig,
     tx: watch::Sender<Option<Instant>>,
-    metrics: Arc<Metrics>,
+    metrics: ReleaserParts,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut observed = Observed {
@@ -145,6 +144,7 @@ pub async fn run(
             Outcome::Unknown(why) => {
                 failures += 1;
                 metrics
+                    .releaser
                     .releaser_api_errors
                     .with_label_values(&["lease"])
                     .inc();
@@ -164,7 +164,7 @@ pub async fn run(
                 }
             }
         };
-        metrics.releaser_leader.set(i64::from(leading));
+        metrics.releaser.releaser_leader.set(i64::from(leading));
         let mut pause = if leading {
             config.renew_every
         } else if failures > 0 {
@@ -186,7 +186,7 @@ pub async fn run(
                     tx.send_replace(None);
                     give_up(&api, &config).await;
                 }
-                metrics.releaser_leader.set(0);
+                metrics.releaser.releaser_leader.set(0);
                 return;
             }
         }

@@ -21,7 +21,7 @@ pub use controller::{run, Config};
 pub use lease::LeaseConfig;
 
 use crate::limiter::Limiter;
-use crate::metrics::Metrics;
+use crate::metrics::ReleaserParts;
 use crate::policy::Policy;
 use crate::shared::{hostname, KubeClient, LimiterCell, PolicyCell, RoleCell};
 use std::sync::{Arc, MutexGuard};
@@ -34,7 +34,7 @@ pub struct Context {
     pub policy: Arc<PolicyCell>,
     pub limiter: Arc<LimiterCell>,
     pub role: Arc<RoleCell>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: ReleaserParts,
     pub instance: String,
     /// The process's Kubernetes client, shared with the other shells.
     pub kube: Arc<KubeClient>,

@@ -100,13 +100,13 @@ impl PartitionReleaser {
             &client,
             config,
             "Partition",
-            &metrics.partition_events,
+            &metrics.partition.partition_events,
             metrics,
         );
         let gauges = RuleGauges::new(vec![
-            metrics.partition_held.clone(),
-            metrics.partition_not_ready.clone(),
-            metrics.partition_window_steps.clone(),
+            metrics.partition.partition_held.clone(),
+            metrics.partition.partition_not_ready.clone(),
+            metrics.partition.partition_window_steps.clone(),
         ]);
         PartitionReleaser {
             client,
@@ -311,12 +311,14 @@ impl PartitionReleaser {
         for (job, done) in &results {
             if let Some(failure) = done.failure() {
                 metrics
+                    .partition
                     .partition_failures
                     .with_label_values(&[failure])
                     .inc();
                 *counts.entry(failure).or_insert(0) += 1;
                 if let Done::Error(e) = done {
                     metrics
+                        .releaser
                         .releaser_api_errors
                         .with_label_values(&["patch"])
                         .inc();
@@ -374,6 +376,7 @@ impl PartitionReleaser {
         let outcome = match job.kind {
             JobKind::Step { from, to, why } => {
                 metrics
+                    .partition
                     .partition_steps
                     .with_label_values(&[&job.rule, why.as_str()])
                     .inc();
@@ -387,12 +390,14 @@ impl PartitionReleaser {
             JobKind::Finish => "done",
         };
         metrics
+            .partition
             .partition_rollouts
             .with_label_values(&[&job.rule, outcome])
             .inc();
         let held_for = job.held_since.map(|t| now.saturating_sub(t));
         if let Some(ms) = held_for {
             metrics
+                .partition
                 .partition_held_duration
                 .with_label_values(&[&job.rule])
                 .observe(ms as f64 / 1000.0);

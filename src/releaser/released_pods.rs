@@ -12,7 +12,7 @@ use super::statefulsets::{
     deleted_by, pod_progress, released_pod_name, update_revision, PodProgress,
 };
 use crate::limiter::Millis;
-use crate::metrics::Metrics;
+use crate::metrics::ReleaserParts;
 use crate::shared::{now_millis, Leadership};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -103,7 +103,7 @@ impl PodLooks {
     pub(super) async fn look(
         &mut self,
         client: &Client,
-        metrics: &Arc<Metrics>,
+        metrics: &ReleaserParts,
         (held, objects): (&mut [HeldSet], &[Arc<StatefulSet>]),
         just_stepped: &HashSet<String>,
         leadership: &Leadership,
@@ -205,7 +205,7 @@ impl PodLooks {
 /// (None: not looked at, or the answer did not come).
 async fn get_pod(
     client: &Client,
-    metrics: &Arc<Metrics>,
+    metrics: &ReleaserParts,
     namespace: &str,
     todo: &Todo,
     leadership: &Leadership,
@@ -224,6 +224,7 @@ async fn get_pod(
         )),
         Err(e) => {
             metrics
+                .releaser
                 .releaser_api_errors
                 .with_label_values(&["get"])
                 .inc();

@@ -5,7 +5,7 @@
 use super::controller::Config;
 use super::lease::within;
 use crate::limiter::Millis;
-use crate::metrics::Metrics;
+use crate::metrics::ReleaserParts;
 use crate::names::{FIELD_MANAGER, REPORTING_CONTROLLER};
 use crate::policy::format_duration;
 use crate::shared::{now_millis, Leadership};
@@ -70,7 +70,7 @@ pub(super) async fn run_term<R: Rounds>(
     api: Api<R::Object>,
     config: watcher::Config,
     slim: fn(&mut R::Object),
-    metrics: Arc<Metrics>,
+    metrics: ReleaserParts,
     what: &'static str,
     leadership: &Leadership,
 ) -> anyhow::Result<()> {
@@ -118,7 +118,7 @@ impl Drop for AbortOnDrop {
 fn spawn_feed<S, E>(
     stream: S,
     changed: Arc<Notify>,
-    metrics: Arc<Metrics>,
+    metrics: ReleaserParts,
     what: &'static str,
 ) -> AbortOnDrop
 where
@@ -137,6 +137,7 @@ where
                 Err(e) => {
                     failures += 1;
                     metrics
+                        .releaser
                         .releaser_api_errors
                         .with_label_values(&["watch"])
                         .inc();
@@ -337,14 +338,14 @@ impl EventWriter {
         config: &Config,
         action: &'static str,
         written: &IntCounterVec,
-        metrics: &Metrics,
+        metrics: &ReleaserParts,
     ) -> EventWriter {
         EventWriter {
             client: client.clone(),
             identity: config.lease.identity.clone(),
             action,
             written: written.clone(),
-            api_errors: metrics.releaser_api_errors.clone(),
+            api_errors: metrics.releaser.releaser_api_errors.clone(),
         }
     }
 

@@ -47,11 +47,13 @@ async fn handle(
         Err(unread) => {
             state
                 .metrics
+                .server
                 .bad_requests
                 .with_label_values(&[unread.reason])
                 .inc();
             state
                 .metrics
+                .server
                 .http_requests
                 .with_label_values(&[endpoint.as_str(), unread.status.as_str()])
                 .inc();
@@ -69,11 +71,13 @@ async fn handle(
         within_deadline(&state, deadline, review(&state, endpoint, &headers, &body)).await;
     state
         .metrics
+        .server
         .admission_duration
         .with_label_values(&[endpoint.as_str()])
         .observe(started.elapsed().as_secs_f64());
     state
         .metrics
+        .server
         .http_requests
         .with_label_values(&[endpoint.as_str(), response.status().as_str()])
         .inc();
@@ -174,6 +178,7 @@ async fn review(
     if let Check::Unverified(why) = state.pods.check(&request) {
         state
             .metrics
+            .server
             .unverified_requests
             .with_label_values(&[why.as_str()])
             .inc();
@@ -200,6 +205,7 @@ async fn review(
         .unwrap_or_else(|| operation_of(&request));
     state
         .metrics
+        .server
         .decisions
         .with_label_values(&[rule, operation, decision.verdict.label()])
         .inc();
@@ -207,23 +213,33 @@ async fn review(
         Verdict::Pass(PassReason::Unhandled) => {
             state
                 .metrics
+                .server
                 .unhandled
                 .with_label_values(&["kind-or-subresource"])
                 .inc();
         }
         Verdict::Gate { .. } => {
-            state.metrics.gated_pods.with_label_values(&[rule]).inc();
+            state
+                .metrics
+                .server
+                .gated_pods
+                .with_label_values(&[rule])
+                .inc();
         }
         Verdict::Hold { until } => {
             let wait = Duration::from_millis(until.saturating_sub(now));
             // The guard keeps the gauge right even if the API server hangs up mid-hold.
-            let _held = HeldGuard::new(&state.metrics.held_requests);
+            let _held = HeldGuard::new(&state.metrics.server.held_requests);
             // Dropped unfinished (the client went away, the deadline passed, the drain
             // ended): the slot is given back for the next request.
             let mut slot = HeldSlot::new(state, &request, &decision, &policy, *until);
             tokio::time::sleep(wait).await;
             slot.finished();
-            state.metrics.hold_duration.observe(wait.as_secs_f64());
+            state
+                .metrics
+                .server
+                .hold_duration
+                .observe(wait.as_secs_f64());
         }
         _ => {}
     }
@@ -335,6 +351,7 @@ fn operation_of(request: &AdmissionRequest<DynamicObject>) -> &'static str {
 fn refuse(state: &AppState, reason: &'static str, status: StatusCode, message: String) -> Response {
     state
         .metrics
+        .server
         .bad_requests
         .with_label_values(&[reason])
         .inc();
@@ -439,6 +456,7 @@ impl Drop for HeldSlot<'_> {
         self.state.limiter().cancel_hold(&ask, c.slot);
         self.state
             .metrics
+            .server
             .bad_requests
             .with_label_values(&["abandoned-hold"])
             .inc();
@@ -512,6 +530,7 @@ mod tests {
         assert_eq!(
             state
                 .metrics
+                .server
                 .bad_requests
                 .with_label_values(&["deadline"])
                 .get(),

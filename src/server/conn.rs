@@ -94,6 +94,7 @@ pub async fn serve(
         // Beyond the cap: closed at once, which frees its descriptor for the probes.
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             metrics
+                .server
                 .bad_requests
                 .with_label_values(&["connection-limit"])
                 .inc();
@@ -115,6 +116,7 @@ pub async fn serve(
                             Ok(Ok(tls)) => tls,
                             Ok(Err(e)) => {
                                 metrics
+                                    .server
                                     .bad_requests
                                     .with_label_values(&["tls-handshake"])
                                     .inc();
@@ -123,6 +125,7 @@ pub async fn serve(
                             }
                             Err(_) => {
                                 metrics
+                                    .server
                                     .bad_requests
                                     .with_label_values(&["tls-handshake"])
                                     .inc();

@@ -138,7 +138,7 @@ impl PodCache {
             .map_err(|_| "the pod cache already has a store")?;
         // The writer goes with this function; the reader keeps the state it swapped in.
         self.synced.store(true, Ordering::SeqCst);
-        metrics.pod_cache_synced.set(1);
+        metrics.server.pod_cache_synced.set(1);
         Ok(())
     }
 
@@ -219,7 +219,7 @@ pub async fn run(
         tokio::select! {
             Ok(()) = &mut ready, if !cache.synced() => {
                 cache.synced.store(true, Ordering::SeqCst);
-                state.metrics.pod_cache_synced.set(1);
+                state.metrics.server.pod_cache_synced.set(1);
                 tracing::info!(pods = reader.len(), "pod cache synced: pod DELETEs and evictions of pods that do not exist are no longer charged");
             }
             next = stream.next() => match next {

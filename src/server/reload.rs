@@ -33,6 +33,7 @@ pub fn reload_cert(
             *last = Some(pair);
             state
                 .metrics
+                .server
                 .reloads
                 .with_label_values(&["certificate", "success"])
                 .inc();
@@ -43,6 +44,7 @@ pub fn reload_cert(
             *last = Some(pair);
             state
                 .metrics
+                .server
                 .reloads
                 .with_label_values(&["certificate", "error"])
                 .inc();
@@ -71,6 +73,7 @@ pub fn reload_policy(
             state.set_policy(policy);
             state
                 .metrics
+                .server
                 .reloads
                 .with_label_values(&["policy", "success"])
                 .inc();
@@ -79,6 +82,7 @@ pub fn reload_policy(
         Err(e) => {
             state
                 .metrics
+                .server
                 .reloads
                 .with_label_values(&["policy", "error"])
                 .inc();

@@ -118,9 +118,9 @@ impl AppState {
 
     fn publish_policy_gauges(&self) {
         let policy = self.policy();
-        self.metrics.window_limit.reset();
-        self.metrics.window_usage.reset();
-        self.metrics.rule_spacing.reset();
+        self.metrics.limiter.window_limit.reset();
+        self.metrics.limiter.window_usage.reset();
+        self.metrics.limiter.rule_spacing.reset();
         for rule in &policy.rules {
             let events = rule.limits.first().map(|l| l.events).unwrap_or(0);
             let spacing = rule
@@ -129,19 +129,25 @@ impl AppState {
                 .and_then(|l| l.spacing_ms())
                 .unwrap_or(0);
             self.metrics
+                .limiter
                 .rule_spacing
                 .with_label_values(&[&*rule.name])
                 .set(spacing as f64 / 1000.0);
             self.metrics
+                .limiter
                 .window_limit
                 .with_label_values(&[&*rule.name])
                 .set(events as i64);
             self.metrics
+                .limiter
                 .window_usage
                 .with_label_values(&[&*rule.name])
                 .set(0);
         }
-        self.metrics.policy_rules.set(policy.rules.len() as i64);
+        self.metrics
+            .limiter
+            .policy_rules
+            .set(policy.rules.len() as i64);
     }
 
     /// The policy the webhook decides with: the policy in force, scaled by this replica's
@@ -181,7 +187,7 @@ impl AppState {
     }
 
     pub fn publish_budget(&self) {
-        self.budget.publish(&self.policy(), &self.metrics);
+        self.budget.publish(&self.policy(), &self.metrics.budget);
     }
 
     /// The releaser runs in this process (its leadership follows once it has a client).
@@ -215,21 +221,23 @@ impl AppState {
     }
 
     fn publish_ready(&self) {
-        self.metrics.ready.set(i64::from(self.is_ready()));
+        self.metrics.server.ready.set(i64::from(self.is_ready()));
     }
 
     /// Sweeps the limiter and publishes its gauges.
     pub fn sweep(&self, now: Millis) {
         self.publish_budget();
         let usage = self.limiter().sweep(now);
-        self.metrics.buckets.set(usage.buckets as i64);
+        self.metrics.limiter.buckets.set(usage.buckets as i64);
         self.metrics
+            .limiter
             .reservations_open
             .set(usage.reservations as i64);
         let policy = self.policy();
         for rule in &policy.rules {
-            let used = usage.per_rule.get(&rule.name).map_or(0, |u| u.0);
+            let used = usage.per_rule.get(&rule.name).copied().unwrap_or(0);
             self.metrics
+                .limiter
                 .window_usage
                 .with_label_values(&[&*rule.name])
                 .set(used as i64);
