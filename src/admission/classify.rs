@@ -28,7 +28,6 @@ pub enum PassReason {
 /// What a StatefulSet UPDATE changes, as far as pacing cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatefulSetChange {
-    pub uid: String,
     pub rolling_update: bool,
     pub template_changed: bool,
     pub replicas: u32,
@@ -301,7 +300,6 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
     };
     let annotation = |o: &DynamicObject| annotation_of(o, PARTITION_TARGET_ANNOTATION);
     let change = StatefulSetChange {
-        uid,
         rolling_update,
         template_changed,
         replicas,

@@ -337,7 +337,6 @@ fn change(
     written: Option<u32>,
 ) -> StatefulSetChange {
     StatefulSetChange {
-        uid: "uid".into(),
         rolling_update: true,
         template_changed,
         replicas,

@@ -75,7 +75,6 @@ pub fn statefulset_update_request(u: &StsUpdate<'_>) -> ChurnRequest {
     let has_annotations = u.new_target.is_some() || u.new_held.is_some();
     churn.has_annotations = has_annotations;
     let change = StatefulSetChange {
-        uid: u.uid.to_string(),
         rolling_update: true,
         template_changed: u.template_changed,
         replicas: u.replicas,
