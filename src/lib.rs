@@ -9,6 +9,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod names;
 pub mod policy;
+pub mod queue;
 pub mod releaser;
 pub mod sample;
 pub mod serve;

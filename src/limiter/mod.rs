@@ -178,7 +178,7 @@ pub fn spaced_after(limit: &Limit, times: &[Millis], from: Millis) -> Millis {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Bucket {
     /// Charge times, non-decreasing; may extend into the future (reserved slots).
     charges: VecDeque<Millis>,
@@ -925,6 +925,25 @@ impl Limiter {
             reservations: self.reservation_count,
             per_rule,
         }
+    }
+
+    /// A limiter holding copies of the buckets of the rules `keep` accepts, and nothing
+    /// else (no reservations; their slots are charges in the buckets already): a scratch
+    /// copy to run releases forward on without touching this one (crate::queue).
+    pub fn copy_rules(&self, keep: impl Fn(&str) -> bool) -> Limiter {
+        let mut copy = Limiter::new(self.max_buckets);
+        copy.buckets = self
+            .buckets
+            .iter()
+            .filter(|(key, _)| keep(&key.rule))
+            .map(|(key, bucket)| (key.clone(), bucket.clone()))
+            .collect();
+        copy
+    }
+
+    /// [`Limiter::copy_rules`] of one rule.
+    pub fn copy_rule(&self, rule: &str) -> Limiter {
+        self.copy_rules(|r| r == rule)
     }
 
     /// Charges in the bucket's window at `now` (tests and metrics).
