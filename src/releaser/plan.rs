@@ -12,7 +12,7 @@
 //! controller's budget never blocks another's.
 
 use crate::limiter::{Limiter, Millis};
-use crate::policy::{Policy, Rule, Scope};
+use crate::policy::{Policy, Rule};
 use crate::queue::{fifo, lanes_in_turn, serve_round, Releases, Stop};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -81,10 +81,6 @@ pub struct Waiting {
     /// Queue index of the oldest pod waiting here (the one an Event is attached to).
     pub head: usize,
     pub blocked: Blocked,
-    /// Estimated wait for this namespace's next release (None: waits on readiness).
-    pub next_in_ms: Option<Millis>,
-    /// Estimated wait for this namespace's last waiting pod, at the rate alone.
-    pub last_in_ms: Option<Millis>,
     /// Pods and namespaces waiting for this rule in the whole cluster.
     pub rule_pods: usize,
     pub rule_namespaces: usize,
@@ -208,19 +204,15 @@ fn plan_rule(
         not_ready,
         max: rule.max_not_ready.unwrap_or(0),
     });
-    describe_waiting(rule, &names, &lanes, queue, limiter, now, readiness, out);
+    describe_waiting(rule, &names, &lanes, readiness, out);
 }
 
-/// What still waits per namespace, with rough estimates for the Events; `readiness`
-/// when maxNotReady stopped the round.
-#[allow(clippy::too_many_arguments)]
+/// What still waits per namespace; `readiness` when maxNotReady stopped the round. When
+/// they go is estimated apart, for the pods an Event speaks of (crate::queue::estimate).
 fn describe_waiting(
     rule: &Rule,
     names: &[&str],
     lanes: &[Vec<usize>],
-    queue: &[QueuedPod],
-    limiter: &Limiter,
-    now: Millis,
     readiness: Option<Blocked>,
     out: &mut Plan,
 ) {
@@ -231,54 +223,16 @@ fn describe_waiting(
         let Some(&head) = lane.first() else {
             continue;
         };
-        let pod = &queue[head];
-        let (blocked, next_in_ms, last_in_ms) = match readiness {
-            Some(blocked) => (blocked, None, None),
-            None => {
-                let next = limiter
-                    .earliest(
-                        &rule.name,
-                        &rule.limits,
-                        &pod.namespace,
-                        pod.owner.as_deref(),
-                        1,
-                        now,
-                    )
-                    .saturating_sub(now);
-                let last = next + drain_estimate(rule, &counts, lane_no);
-                (Blocked::Rate, Some(next), Some(last))
-            }
-        };
         out.waiting.push(Waiting {
             rule: rule.name.clone(),
             namespace: names[lane_no].to_string(),
             pods: lane.len(),
             head,
-            blocked,
-            next_in_ms,
-            last_in_ms,
+            blocked: readiness.unwrap_or(Blocked::Rate),
             rule_pods,
             rule_namespaces,
         });
     }
-}
-
-/// Time after the first release until the lane's last pod goes, at the rule's rate:
-/// round-robin puts `min(other lane, this lane)` pods of every other lane before it.
-fn drain_estimate(rule: &Rule, counts: &[usize], lane_no: usize) -> Millis {
-    let mine = counts[lane_no];
-    rule.limits
-        .iter()
-        .map(|limit| {
-            let ahead = match limit.scope {
-                Scope::Global => counts.iter().map(|&c| c.min(mine)).sum::<usize>(),
-                Scope::Namespace | Scope::Owner => mine,
-            };
-            let windows = (ahead.saturating_sub(1) / limit.events.max(1) as usize) as Millis;
-            windows * limit.window.as_millis() as Millis
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// Release times already charged in the limiter by this process, by pod UID, so that
