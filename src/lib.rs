@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod budget;
 pub mod cli;
+pub mod ctl;
 pub mod demo;
 pub mod limiter;
 pub mod metrics;

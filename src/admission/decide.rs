@@ -364,11 +364,8 @@ fn gate_wait(
     slot: Millis,
     now: Millis,
 ) -> String {
-    let about = |wait: Millis| {
-        format_duration(Duration::from_millis(
-            round_up_secs(wait) as u64 * 1000,
-        ))
-    };
+    let about =
+        |wait: Millis| format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000));
     let Some(queue) = queue else {
         return format!(
             "about {} now by the rule's windows; pods already waiting are not known to this \

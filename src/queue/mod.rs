@@ -304,7 +304,15 @@ pub fn estimate(inputs: &EstimateInputs<'_>, limiter: &mut Limiter) -> Vec<Estim
         let Some(indices) = by_rule.remove(&*rule.name) else {
             continue;
         };
-        budget -= estimate_rule(rule, indices, inputs, limiter, &mut cursor, budget, &mut out);
+        budget -= estimate_rule(
+            rule,
+            indices,
+            inputs,
+            limiter,
+            &mut cursor,
+            budget,
+            &mut out,
+        );
     }
     out
 }

@@ -229,7 +229,9 @@ fn the_forward_run_stops_at_its_cap() {
             None
         ]
     );
-    assert!(estimated.iter().all(|e| e.rule.as_deref() == Some("spaced")));
+    assert!(estimated
+        .iter()
+        .all(|e| e.rule.as_deref() == Some("spaced")));
 }
 
 /// What the webhook tells a pod it gates: the place it takes in the queue, counting the
@@ -304,7 +306,10 @@ fn a_joining_pod_counts_the_windows_and_leaves_the_limiter_alone() {
     // A release 300 ms ago: the next slot is one spacing after it.
     charge(&mut limiter, &policy, "spaced", "a", NOW - 300);
     let snapshot = Snapshot {
-        pods: vec![pod("a", "p1", "spaced", 1_000), pod("b", "q1", "spaced", 1_000)],
+        pods: vec![
+            pod("a", "p1", "spaced", 1_000),
+            pod("b", "q1", "spaced", 1_000),
+        ],
         cursor: Cursor::default(),
     };
     let joining =
@@ -316,5 +321,9 @@ fn a_joining_pod_counts_the_windows_and_leaves_the_limiter_alone() {
         limit: 0,
         scope: crate::limiter::ScopeKey::Global,
     };
-    assert_eq!(limiter.used(&key, NOW), 1, "nothing was charged for the estimate");
+    assert_eq!(
+        limiter.used(&key, NOW),
+        1,
+        "nothing was charged for the estimate"
+    );
 }

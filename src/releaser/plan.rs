@@ -154,7 +154,11 @@ struct Round<'a, 'p> {
 
 impl Releases for Round<'_, '_> {
     fn may_release(&self) -> Result<(), Stop> {
-        if self.rule.max_not_ready.is_some_and(|max| self.not_ready >= max) {
+        if self
+            .rule
+            .max_not_ready
+            .is_some_and(|max| self.not_ready >= max)
+        {
             return Err(Stop::NotReady);
         }
         if self.out.releases.len() >= self.max_releases {
