@@ -284,37 +284,58 @@ fn leader(c: &Cluster<'_>) -> Option<Leader> {
 }
 
 /// The gate rules' lines and the gated pods, with their places and estimated releases.
-fn gate_part(c: &Cluster<'_>) -> (Vec<RuleStatus>, Vec<GatedPod>, Vec<String>) {
-    let policy = c.policy;
-    let now = c.now;
-    let mut queue: Vec<QueuedPod> = Vec::new();
-    let mut ungated: Vec<QueuedPod> = Vec::new();
-    let mut released: Vec<ReleasedPod> = Vec::new();
-    for pod in c.pods {
+/// The labelled pods as the gate releaser sorts them.
+#[derive(Default)]
+struct Labelled {
+    queue: Vec<QueuedPod>,
+    /// Labelled gated, our gate removed by someone else.
+    ungated: Vec<QueuedPod>,
+    released: Vec<ReleasedPod>,
+}
+
+fn labelled(pods: &[Pod]) -> Labelled {
+    let mut out = Labelled::default();
+    for pod in pods {
         match view(pod) {
-            View::Queued { pod, .. } => queue.push(pod),
-            View::UngatedElsewhere { pod } => ungated.push(pod),
-            View::Released(pod) => released.push(pod),
+            View::Queued { pod, .. } => out.queue.push(pod),
+            View::UngatedElsewhere { pod } => out.ungated.push(pod),
+            View::Released(pod) => out.released.push(pod),
             View::Ignored => {}
         }
     }
+    out
+}
+
+/// The gate rules' windows as a leader starting now rebuilds them from the pods.
+fn seeded(policy: &Policy, pods: &Labelled, now: Millis) -> Limiter {
     let mut limiter = Limiter::new(policy.max_buckets);
     seed(
         &mut limiter,
         policy,
-        &released,
+        &pods.released,
         &mut Charged::default(),
         NOBODY,
         now,
     );
     // The releaser counts a gate removed by someone else when it sees it: now.
-    for pod in &ungated {
+    for pod in &pods.ungated {
         if let Some(rule) = gate_rule(policy, &pod.rule) {
             let owner = pod.owner.as_deref();
             limiter.record(&rule.name, &rule.limits, &pod.namespace, owner, now, 1);
         }
     }
-    let not_ready = not_ready_by_rule(&released);
+    limiter
+}
+
+/// Each gate rule's line: its fullest window, next slot and pods not Ready.
+fn gate_lines(
+    policy: &Policy,
+    pods: &Labelled,
+    limiter: &Limiter,
+    not_ready: &HashMap<String, u32>,
+    now: Millis,
+) -> Vec<RuleStatus> {
+    let (released, ungated) = (&pods.released, &pods.ungated);
     let mut lines: Vec<RuleStatus> = Vec::new();
     for rule in policy.rules.iter().filter(|r| r.action == Action::Gate) {
         let Some(first) = rule.limits.first() else {
@@ -336,10 +357,21 @@ fn gate_part(c: &Cluster<'_>) -> (Vec<RuleStatus>, Vec<GatedPod>, Vec<String>) {
         line.released_not_ready = not_ready.get(&*rule.name).copied().unwrap_or(0);
         lines.push(line);
     }
-    let cursor = cursor_of(policy, &released);
+    lines
+}
+
+fn gate_part(c: &Cluster<'_>) -> (Vec<RuleStatus>, Vec<GatedPod>, Vec<String>) {
+    let policy = c.policy;
+    let now = c.now;
+    let pods = labelled(c.pods);
+    let mut limiter = seeded(policy, &pods, now);
+    let not_ready = not_ready_by_rule(&pods.released);
+    let mut lines = gate_lines(policy, &pods, &limiter, &not_ready, now);
+    let queue = &pods.queue;
+    let cursor = cursor_of(policy, &pods.released);
     let estimated = estimate(
         &EstimateInputs {
-            queue: &queue,
+            queue,
             policy,
             cursor: &cursor,
             now,
@@ -388,6 +420,16 @@ fn gate_part(c: &Cluster<'_>) -> (Vec<RuleStatus>, Vec<GatedPod>, Vec<String>) {
         let key = |p: &GatedPod| (rank.get(p.rule.as_str()).copied(), p.position);
         key(a).cmp(&key(b)).then_with(|| a.name.cmp(&b.name))
     });
+    let notes = gate_notes(policy, queue, &not_ready);
+    (lines, pods, notes)
+}
+
+/// What the gate estimates leave out, and what holds the releaser back now.
+fn gate_notes(
+    policy: &Policy,
+    queue: &[QueuedPod],
+    not_ready: &HashMap<String, u32>,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if !queue.is_empty() {
         notes.push(
@@ -417,5 +459,5 @@ fn gate_part(c: &Cluster<'_>) -> (Vec<RuleStatus>, Vec<GatedPod>, Vec<String>) {
             "pods whose gated-by rule is not a gate rule of the policy are released at once".into(),
         );
     }
-    (lines, pods, notes)
+    notes
 }

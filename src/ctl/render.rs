@@ -64,6 +64,21 @@ fn or_dash(value: Option<String>) -> String {
 }
 
 pub fn human(report: &Report) -> String {
+    let mut out = header(report);
+    out.push_str(&rules(report));
+    out.push_str(&gated_pods(report));
+    out.push_str(&held_sets(report));
+    if !report.notes.is_empty() {
+        out.push('\n');
+        for note in &report.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+    }
+    out
+}
+
+/// When, where, which policy, who leads.
+fn header(report: &Report) -> String {
     let mut out = String::new();
     let scope = match &report.namespace {
         Some(ns) => format!("namespace {ns}"),
@@ -91,7 +106,10 @@ pub fn human(report: &Report) -> String {
         }
     };
     out.push_str(&format!("leader: {leader}\n\n"));
+    out
+}
 
+fn rules(report: &Report) -> String {
     let rows: Vec<Vec<String>> = report
         .rules
         .iter()
@@ -117,7 +135,7 @@ pub fn human(report: &Report) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
+    table(
         &[
             "RULE",
             "ACTION",
@@ -130,12 +148,14 @@ pub fn human(report: &Report) -> String {
             "LAST IN",
         ],
         &rows,
-    ));
+    )
+}
 
-    out.push_str(&format!(
+fn gated_pods(report: &Report) -> String {
+    let mut out = format!(
         "\ngated pods: {} (POSITION: place in the rule's release order, every namespace counted)\n",
         report.gated_pods.len()
-    ));
+    );
     if !report.gated_pods.is_empty() {
         let rows: Vec<Vec<String>> = report
             .gated_pods
@@ -156,11 +176,11 @@ pub fn human(report: &Report) -> String {
             &rows,
         ));
     }
+    out
+}
 
-    out.push_str(&format!(
-        "\nheld StatefulSets: {}\n",
-        report.held_stateful_sets.len()
-    ));
+fn held_sets(report: &Report) -> String {
+    let mut out = format!("\nheld StatefulSets: {}\n", report.held_stateful_sets.len());
     if !report.held_stateful_sets.is_empty() {
         let rows: Vec<Vec<String>> = report
             .held_stateful_sets
@@ -191,12 +211,6 @@ pub fn human(report: &Report) -> String {
             ],
             &rows,
         ));
-    }
-    if !report.notes.is_empty() {
-        out.push('\n');
-        for note in &report.notes {
-            out.push_str(&format!("note: {note}\n"));
-        }
     }
     out
 }

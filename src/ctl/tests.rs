@@ -299,17 +299,17 @@ fn set_annotations(sts: &mut Value, annotations: Value) {
 }
 
 /// The predicate `status sts/NAME --wait` waits on.
-#[test]
-fn table_of_rollout_states() {
+type Edit = Box<dyn Fn(&mut Value)>;
+
+/// (case, edit of shop/db held at 2 (target 0), target seen while held, state)
+fn rollout_cases() -> Vec<(&'static str, Edit, Option<u32>, Rollout)> {
     fn done(sts: &mut Value) {
         sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"] = json!(0);
         sts["status"]["updatedReplicas"] = json!(3);
         sts["status"]["readyReplicas"] = json!(3);
         sts["status"]["currentRevision"] = json!("db-new");
     }
-    type Edit = Box<dyn Fn(&mut Value)>;
-    // (case, edit of shop/db held at 2 (target 0), target seen while held, state)
-    let cases: Vec<(&str, Edit, Option<u32>, Rollout)> = vec![
+    vec![
         (
             "held: the annotation is there",
             Box::new(|_| {}),
@@ -426,8 +426,12 @@ fn table_of_rollout_states() {
             Some(2),
             Rollout::Complete,
         ),
-    ];
-    for (case, edit, seen, want) in cases {
+    ]
+}
+
+#[test]
+fn table_of_rollout_states() {
+    for (case, edit, seen, want) in rollout_cases() {
         let sts = statefulset(edit);
         assert_eq!(rollout_state(&sts, seen), want, "{case}");
     }

@@ -68,10 +68,8 @@ struct Case {
     want: &'static [&'static str],
 }
 
-#[test]
-fn table_of_estimates() {
-    let policy = policy();
-    let cases = [
+fn estimate_cases() -> Vec<Case> {
+    vec![
         Case {
             name: "one namespace: oldest first, one spacing apart after the burst of 1",
             pods: &[
@@ -163,8 +161,13 @@ fn table_of_estimates() {
             cursor: None,
             want: &["a/b1 1 +0", "a/s1 1 +0", "a/s2 2 +1050"],
         },
-    ];
-    for case in cases {
+    ]
+}
+
+#[test]
+fn table_of_estimates() {
+    let policy = policy();
+    for case in estimate_cases() {
         let pods = queue(case.pods);
         let mut limiter = Limiter::new(1000);
         for &(rule, namespace, at) in case.charges {
