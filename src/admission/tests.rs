@@ -737,8 +737,8 @@ fn table_of_gate_warnings() {
     let policy = policy();
     let req = fixture("pod-create-replicaset");
     let now = 1_000_000;
-    let waiting = |namespaces: usize| Snapshot {
-        pods: (0..namespaces)
+    let waiting = |namespaces: usize| {
+        let pods = (0..namespaces)
             .map(|i| QueuedPod {
                 namespace: format!("other-{i:02}"),
                 name: format!("web-{i}"),
@@ -748,8 +748,8 @@ fn table_of_gate_warnings() {
                 owner: None,
                 created: 1_000,
             })
-            .collect(),
-        cursor: Cursor::default(),
+            .collect();
+        Snapshot::new(pods, Cursor::default())
     };
     // (case, queue, text expected in the warning)
     let cases: Vec<(&str, Option<Snapshot>, &str)> = vec![

@@ -396,11 +396,37 @@ fn estimate_rule(
 }
 
 /// The gated pods the leading releaser saw in its last round, with its round-robin
-/// position: what the webhook in the same process knows of the queue.
+/// position: what the webhook in the same process knows of the queue. Sorted once here
+/// (by rule, namespace, then oldest first), off the webhook's path, so that a decision
+/// only slices it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    pub pods: Vec<QueuedPod>,
-    pub cursor: Cursor,
+    pods: Vec<QueuedPod>,
+    cursor: Cursor,
+}
+
+impl Snapshot {
+    pub fn new(mut pods: Vec<QueuedPod>, cursor: Cursor) -> Snapshot {
+        pods.sort_by(|a, b| {
+            (&a.rule, &a.namespace)
+                .cmp(&(&b.rule, &b.namespace))
+                .then_with(|| fifo(a, b))
+        });
+        Snapshot { pods, cursor }
+    }
+
+    pub fn pods(&self) -> &[QueuedPod] {
+        &self.pods
+    }
+
+    /// The waiting pods of one rule, one lane per namespace, each oldest first.
+    fn lanes(&self, rule: &str) -> Vec<&[QueuedPod]> {
+        let start = self.pods.partition_point(|p| p.rule.as_str() < rule);
+        let end = self.pods.partition_point(|p| p.rule.as_str() <= rule);
+        self.pods[start..end]
+            .chunk_by(|a, b| a.namespace == b.namespace)
+            .collect()
+    }
 }
 
 /// The expected release of a pod that joins the queue now.
@@ -426,15 +452,14 @@ pub fn estimate_joining(
     limiter: &Limiter,
     now: Millis,
 ) -> Option<Joining> {
-    let mut lanes: BTreeMap<&str, Vec<&QueuedPod>> = BTreeMap::new();
-    for pod in snapshot.pods.iter().filter(|p| p.rule == *rule.name) {
-        lanes.entry(pod.namespace.as_str()).or_default().push(pod);
-    }
-    let mine = lanes.get(namespace).map_or(0, Vec::len);
+    let lanes = snapshot.lanes(&rule.name);
+    let mine = lanes
+        .iter()
+        .find(|lane| lane.first().is_some_and(|p| p.namespace == namespace))
+        .map_or(0, |lane| lane.len());
     let mut queue: Vec<QueuedPod> = Vec::new();
-    for lane in lanes.values_mut() {
-        lane.sort_by(|a, b| fifo(a, b));
-        queue.extend(lane.iter().take(mine + 1).map(|p| (*p).clone()));
+    for lane in lanes {
+        queue.extend(lane.iter().take(mine + 1).cloned());
     }
     let joining = queue.len();
     queue.push(QueuedPod {

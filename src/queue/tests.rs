@@ -286,10 +286,9 @@ fn table_of_joining_pods() {
                 pods.push(pod(&ns, &format!("p{i:02}"), "spaced", 1_000 + i as Millis));
             }
         }
-        let snapshot = Snapshot {
-            pods,
-            cursor: Cursor::default(),
-        };
+        // In any order: the snapshot sorts them once.
+        pods.reverse();
+        let snapshot = Snapshot::new(pods, Cursor::default());
         let limiter = Limiter::new(100);
         let joining = estimate_joining(&snapshot, &policy, rule, namespace, None, &limiter, NOW)
             .expect("an estimate");

@@ -502,10 +502,9 @@ impl Releaser {
             .filter(|p| !released.contains(p.uid.as_str()))
             .cloned()
             .collect();
-        self.ctx.queue.set(Some(Snapshot {
-            pods: waiting,
-            cursor: self.cursor.clone(),
-        }));
+        self.ctx
+            .queue
+            .set(Some(Snapshot::new(waiting, self.cursor.clone())));
     }
 
     fn publish_gauges(

@@ -191,7 +191,8 @@ set -e
   || bad "no rights: rc=$rc: $out"
 
 # ---- serve ---------------------------------------------------------------------------
-KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=debug" \
+# The admission's messages (debug) show what the webhook tells a pod it gates.
+KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=debug,churn_throttler::server::admission=debug" \
   "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" \
     --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
     --listen "127.0.0.1:$WH_PORT" --metrics-listen 127.0.0.1:0 \
@@ -343,6 +344,29 @@ else
   bad "wait on sts-0: rc=$rc0, returned at $t_wait0, last pod Ready at $t_ready0 (watch), target annotation '$anno0': $(tail -n3 "$W/wait-0.out")"
 fi
 say "status sts/sts-0 --wait printed: $(tr '\n' '|' <"$W/wait-0.out")"
+# What the webhook told the gated pods: the queue ahead of each (the leader's releaser
+# shares it with the webhook in its process), and a Paced Event of the releaser.
+warned="$(python3 - "$W/serve.log" <<'PY'
+import json, re, sys
+ahead = []
+for line in open(sys.argv[1]):
+    try: e = json.loads(line)
+    except ValueError: continue
+    m = re.search(r"\(about (\S+) now, behind (\d+) pod\(s\) of this rule already waiting\)", e.get("fields", {}).get("message", ""))
+    if m: ahead.append((int(m.group(2)), m.group(1)))
+print(len(ahead), *max(ahead, default=(0, "-")))
+PY
+)"
+read -r n_warned max_ahead max_wait <<<"$warned"
+(( n_warned >= 20 && max_ahead >= 15 )) \
+  && ok "the webhook's warning on gated pods counts the queue ahead: $n_warned gated with a warning, up to $max_ahead pods ahead (told about $max_wait)" \
+  || bad "admission warnings: $n_warned, most pods ahead $max_ahead"
+paced="$(k get events.events.k8s.io -A -o json | python3 -c '
+import json, sys
+notes = [e["note"] for e in json.load(sys.stdin)["items"] if e.get("reason") == "Paced" and e.get("reportingController") == "churn-throttler.io/releaser"]
+print(len(notes), notes[0] if notes else "")')"
+say "releaser Events: $paced"
+
 # The held sets' estimated ends against the releaser's last step of each (its log), for
 # the record: the estimate assumes every re-created pod Ready at once.
 python3 - "$W/status.json" "$W/serve.log" <<'PY' | sed 's/^/status: /'
@@ -431,6 +455,14 @@ set -e
   && ok "kubectl churn-throttler status -A through kubectl's plugin lookup (a symlink kubectl-churn_throttler on PATH)" \
   || bad "plugin: rc=$rc: $(head -3 <<<"$plugin_out")"
 say "kubectl plugin list: $(PATH="$W/plugins:$PATH" kubectl plugin list 2>/dev/null | grep churn || true)"
+
+# --watch prints again until Ctrl-C (SIGINT here), which ends it with 130.
+set +e
+timeout --preserve-status -s INT 4.5 "$CHURN_THROTTLER_BIN" status -A --watch=1 --kubeconfig "$W/operator.kubeconfig" >"$W/watch.out" 2>&1; rc=$?
+set -e
+prints="$(grep -c '^churn-throttler status at' "$W/watch.out" || true)"
+(( rc == 130 && prints >= 3 )) && ok "status -A --watch=1: printed $prints times in 4.5 s, ended by SIGINT with exit $rc" \
+  || bad "--watch: rc=$rc, $prints prints: $(tail -2 "$W/watch.out")"
 
 say "logs: $W (kept with STATUS_E2E_KEEP=1)"
 echo "status: $passed passed, $failed failed"
