@@ -927,25 +927,6 @@ impl Limiter {
         }
     }
 
-    /// A limiter holding copies of the buckets of the rules `keep` accepts, and nothing
-    /// else (no reservations; their slots are charges in the buckets already): a scratch
-    /// copy to run releases forward on without touching this one (crate::queue).
-    pub fn copy_rules(&self, keep: impl Fn(&str) -> bool) -> Limiter {
-        let mut copy = Limiter::new(self.max_buckets);
-        copy.buckets = self
-            .buckets
-            .iter()
-            .filter(|(key, _)| keep(&key.rule))
-            .map(|(key, bucket)| (key.clone(), bucket.clone()))
-            .collect();
-        copy
-    }
-
-    /// [`Limiter::copy_rules`] of one rule.
-    pub fn copy_rule(&self, rule: &str) -> Limiter {
-        self.copy_rules(|r| r == rule)
-    }
-
     /// Charges in the bucket's window at `now` (tests and metrics).
     pub fn used(&self, key: &BucketKey, now: Millis) -> u32 {
         self.buckets.get(key).map_or(0, |b| b.in_window(now))
@@ -1006,6 +987,8 @@ impl Limiter {
         }
     }
 }
+
+mod copy;
 
 #[cfg(test)]
 mod tests;
