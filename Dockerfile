@@ -42,7 +42,8 @@ COPY benches ./benches
 COPY tests/fixtures ./tests/fixtures
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin churn-throttler \
  && cp target/x86_64-unknown-linux-musl/release/churn-throttler /churn-throttler \
- && /churn-throttler --version
+ && /churn-throttler --version \
+ && mkdir /plugin && ln -s /churn-throttler /plugin/kubectl-churn_throttler
 
 # distroless static: no shell, no package manager, CA certificates and
 # /etc/passwd with the nonroot user (65532) only.
@@ -51,6 +52,10 @@ LABEL org.opencontainers.image.title="churn-throttler" \
       org.opencontainers.image.description="Kubernetes admission webhook that paces pod churn cluster-wide" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder --chown=0:0 --chmod=0555 /churn-throttler /churn-throttler
+# The kubectl plugin name (`kubectl churn-throttler status`): a symlink to the binary, which
+# behaves as churn-throttler under that name; copied out of the image onto a PATH, e.g.
+#   docker create --name ct churn-throttler:0.1.0 && docker cp -L ct:/churn-throttler ~/bin/kubectl-churn_throttler
+COPY --from=builder /plugin/ /usr/local/bin/
 USER 65532:65532
 # 8443: HTTPS admission (/validate, /mutate); 9090: HTTP /metrics, /healthz, /readyz.
 EXPOSE 8443 9090

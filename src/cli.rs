@@ -31,6 +31,13 @@ pub enum Command {
     /// Show the pacing without a cluster: start the webhook here on 127.0.0.1 with the
     /// built-in policy, delete distinct pods as a ReplicaSet controller, print each answer.
     Demo(crate::demo::DemoArgs),
+    /// What churn-throttler holds in a cluster, read as kubectl does: per rule the window
+    /// and the next slot, the gated pods with their place and estimated release, the held
+    /// StatefulSets, the releaser's leader. `status sts/NAME --wait` waits for a rollout.
+    Status(Box<crate::ctl::StatusArgs>),
+    /// Emergency: lift churn-throttler's gate of pods now, or let a held StatefulSet go
+    /// to its target now (recorded in an annotation and an Event).
+    Release(Box<crate::ctl::ReleaseArgs>),
 }
 
 #[derive(Args, Debug, Clone)]

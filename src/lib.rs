@@ -4,11 +4,13 @@
 pub mod admission;
 pub mod budget;
 pub mod cli;
+pub mod ctl;
 pub mod demo;
 pub mod limiter;
 pub mod metrics;
 pub mod names;
 pub mod policy;
+pub mod queue;
 pub mod releaser;
 pub mod sample;
 pub mod serve;

@@ -2,12 +2,32 @@
 
 use churn_throttler::cli::{Cli, Command, LogFormat};
 use churn_throttler::policy::{Policy, DEFAULT_POLICY_YAML};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
 
+/// The file name kubectl's plugin lookup runs for `kubectl churn-throttler` (a dash in a
+/// plugin's command is an underscore in its file name).
+const KUBECTL_PLUGIN: &str = "kubectl-churn_throttler";
+
+/// The command line; run as a kubectl plugin, help and errors name `kubectl churn-throttler`.
+fn parse() -> Cli {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let plugin = std::path::Path::new(&argv0)
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().ends_with(KUBECTL_PLUGIN));
+    let mut command = Cli::command();
+    if plugin {
+        command = command.bin_name("kubectl churn-throttler");
+    }
+    let matches = command.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     match cli.command {
+        Command::Status(args) => churn_throttler::ctl::status_main(&args),
+        Command::Release(args) => churn_throttler::ctl::release_main(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Simulate(args) => match churn_throttler::simulate::main(&args) {
             Ok(()) => ExitCode::SUCCESS,

@@ -38,10 +38,15 @@ pub const PARTITION_HELD_SINCE_ANNOTATION: &str = "churn-throttler.io/partition-
 /// Annotation with the times of the releaser's recent steps (comma-separated RFC 3339):
 /// the record window seeding rebuilds the windows from after a restart.
 pub const PARTITION_STEPPED_AT_ANNOTATION: &str = "churn-throttler.io/partition-stepped-at";
+/// Annotation on a pod or StatefulSet released by hand with `churn-throttler release`:
+/// who (as the API server or the kubeconfig names them) and when.
+pub const RELEASED_BY_ANNOTATION: &str = "churn-throttler.io/released-by";
 /// The field manager of the releaser's patches, for tools that read managedFields.
 pub const FIELD_MANAGER: &str = "churn-throttler";
 /// The reporting controller of the Events the releasers write.
 pub const REPORTING_CONTROLLER: &str = "churn-throttler.io/releaser";
+/// The reporting controller of the Events `churn-throttler release` writes.
+pub const CLI_REPORTING_CONTROLLER: &str = "churn-throttler.io/cli";
 /// Replica Leases are named this prefix + the replica's identity.
 pub const LEASE_PREFIX: &str = "churn-throttler-replica-";
 /// Label on replica Leases, so a replica lists exactly those.

@@ -158,6 +158,7 @@ fn spawn_cluster_shells(
                 policy: state.policy_cell(),
                 limiter: state.limiter_cell(),
                 role: state.releaser_role(),
+                queue: state.queue_cell(),
                 metrics: state.metrics.releaser_parts(),
                 instance: state.instance.clone(),
                 kube: kube.clone(),

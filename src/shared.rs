@@ -1,13 +1,15 @@
 //! The handles the HTTP server and the shells (releasers, budget lease) share, kept below
 //! all of them so none imports another: the shutdown signal, the wall clock, this
 //! process's host name, the releaser's leadership, and the cells holding the policy in
-//! force, the limiter, the releaser's role and the global budget's count. `serve` makes
+//! force, the limiter, the releaser's role, the gate queue it last saw and the global
+//! budget's count. `serve` makes
 //! them and hands each part only the ones it uses.
 
 use crate::budget::{share_at, GateRole, Share, ShareHistory};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::BudgetMetrics;
 use crate::policy::Policy;
+use crate::queue::Snapshot;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
@@ -131,6 +133,29 @@ impl LimiterCell {
         match self.0.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+/// The gate queue as the leading releaser of this process saw it in its last round, for
+/// the webhook's estimate of when a pod it gates goes (crate::queue); empty while this
+/// process does not lead. Replaced whole each round.
+#[derive(Default)]
+pub struct QueueCell(RwLock<Option<Arc<Snapshot>>>);
+
+impl QueueCell {
+    pub fn get(&self) -> Option<Arc<Snapshot>> {
+        match self.0.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set(&self, snapshot: Option<Snapshot>) {
+        let snapshot = snapshot.map(Arc::new);
+        match self.0.write() {
+            Ok(mut guard) => *guard = snapshot,
+            Err(poisoned) => *poisoned.into_inner() = snapshot,
         }
     }
 }

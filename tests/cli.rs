@@ -1,4 +1,5 @@
-//! The binary's commands as a user runs them: check-config, default-policy, serve --dev, demo.
+//! The binary's commands as a user runs them: check-config, default-policy, serve --dev, demo,
+//! status and release without a cluster, and the kubectl plugin name.
 
 use std::process::Command;
 
@@ -251,4 +252,98 @@ fn demo_shows_holds_429s_and_the_spacing_then_stops() {
         summary.contains("at most 2 at once, else one per 0.525s"),
         "{summary}"
     );
+}
+
+/// A kubeconfig whose API server is 127.0.0.1:1, where nothing listens.
+fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = "apiVersion: v1\nkind: Config\nclusters:\n  - name: nowhere\n    cluster: { server: \"https://127.0.0.1:1\", insecure-skip-tls-verify: true }\nusers:\n  - name: someone\n    user: { token: \"t\" }\ncontexts:\n  - name: nowhere\n    context: { cluster: nowhere, user: someone, namespace: shop }\ncurrent-context: nowhere\n";
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+    path
+}
+
+#[test]
+fn status_and_release_without_a_cluster_fail_in_one_line() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = unreachable_kubeconfig(dir.path());
+    // (case, arguments, KUBECONFIG, text expected in the one line)
+    let missing = dir.path().join("missing");
+    let cases: Vec<(&str, Vec<&str>, &std::path::Path, &str)> = vec![
+        (
+            "status, server not listening",
+            vec!["status"],
+            &kubeconfig,
+            "churn-throttler status: cannot reach the API server at https://127.0.0.1:1: ",
+        ),
+        (
+            "status -A -o json",
+            vec!["status", "-A", "-o", "json"],
+            &kubeconfig,
+            "cannot reach the API server at https://127.0.0.1:1",
+        ),
+        (
+            "status sts/db --wait",
+            vec!["status", "sts/db", "--wait", "--timeout", "5s"],
+            &kubeconfig,
+            "cannot reach the API server at https://127.0.0.1:1",
+        ),
+        (
+            "release pods",
+            vec!["release", "pods", "-n", "shop"],
+            &kubeconfig,
+            "churn-throttler release: cannot reach the API server at https://127.0.0.1:1",
+        ),
+        (
+            "no kubeconfig at all",
+            vec!["status"],
+            &missing,
+            "churn-throttler status: no Kubernetes configuration: ",
+        ),
+    ];
+    for (case, args, config, needle) in cases {
+        let started = std::time::Instant::now();
+        let out = binary()
+            .args(&args)
+            .env("KUBECONFIG", config)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
+        assert!(out.stdout.is_empty(), "{case}: nothing on stdout");
+        assert_eq!(stderr.lines().count(), 1, "{case}: one line: {stderr}");
+        assert!(stderr.contains(needle), "{case}: {stderr}");
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "{case}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn run_as_a_kubectl_plugin_it_is_churn_throttler() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let plugin = dir.path().join("kubectl-churn_throttler");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_churn-throttler"), &plugin)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let help = Command::new(&plugin)
+        .args(["status", "--help"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{text}");
+    assert!(
+        text.contains("Usage: kubectl churn-throttler status [OPTIONS] [TARGET]"),
+        "{text}"
+    );
+    // The same commands: a status without a cluster fails as churn-throttler's does.
+    let kubeconfig = unreachable_kubeconfig(dir.path());
+    let out = Command::new(&plugin)
+        .arg("status")
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the API server"));
 }

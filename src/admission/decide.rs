@@ -11,6 +11,7 @@ use crate::names::{
     PARTITION_HELD_SINCE_ANNOTATION, PARTITION_TARGET_ANNOTATION, RELEASED_AT_ANNOTATION,
 };
 use crate::policy::{format_duration, Action, ChurnKind, Policy, RequestFacts, Rule};
+use crate::queue::{estimate_joining, Snapshot};
 use json_patch::{Patch, PatchOperation};
 use kube::core::admission::AdmissionRequest;
 use kube::core::DynamicObject;
@@ -108,11 +109,25 @@ pub fn decide(
     limiter: &mut Limiter,
     now: Millis,
 ) -> Decision {
+    decide_queued(req, endpoint, policy, limiter, None, now)
+}
+
+/// [`decide`], knowing the gate queue (`queue`: what the leading releaser in this process
+/// saw in its last round), so a gated pod is told when it goes behind the pods already
+/// waiting, not only when the windows next have room.
+pub fn decide_queued(
+    req: &AdmissionRequest<DynamicObject>,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    queue: Option<&Snapshot>,
+    now: Millis,
+) -> Decision {
     let churn = match classify(req) {
         Classified::Pass(reason) => return Decision::bare(Verdict::Pass(reason), None),
         Classified::Churn(churn) => churn,
     };
-    decide_churn(&churn, endpoint, policy, limiter, now)
+    decide_churn_queued(&churn, endpoint, policy, limiter, queue, now)
 }
 
 pub fn decide_churn(
@@ -120,6 +135,17 @@ pub fn decide_churn(
     endpoint: Endpoint,
     policy: &Policy,
     limiter: &mut Limiter,
+    now: Millis,
+) -> Decision {
+    decide_churn_queued(churn, endpoint, policy, limiter, None, now)
+}
+
+pub fn decide_churn_queued(
+    churn: &ChurnRequest,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    queue: Option<&Snapshot>,
     now: Millis,
 ) -> Decision {
     let kind = Some(churn.kind);
@@ -208,14 +234,7 @@ pub fn decide_churn(
                 }
                 return decided(Verdict::Admitted, None);
             }
-            let gated = |wait: Option<Millis>| {
-                let when = match wait {
-                    Some(wait) => format!(
-                        "about {} now",
-                        format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000))
-                    ),
-                    None => "the replica that releases decides when".to_string(),
-                };
+            let gated = |when: String| {
                 decided(
                     Verdict::Gate {
                         patch: gate_patch(churn, &rule.name),
@@ -230,13 +249,15 @@ pub fn decide_churn(
             };
             if rule.gate_only {
                 // The global budget: only the releasing replica admits pods at once.
-                return gated(None);
+                return gated("the replica that releases decides when".to_string());
             }
             match limiter.acquire(&ask(false), now) {
                 Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
                 Outcome::Reserved { slot }
                 | Outcome::Held { slot }
-                | Outcome::Refused { retry_at: slot, .. } => gated(Some(slot.saturating_sub(now))),
+                | Outcome::Refused { retry_at: slot, .. } => {
+                    gated(gate_wait(churn, policy, rule, limiter, queue, slot, now))
+                }
             }
         }
         // No reservation further ahead than a client told to come back after
@@ -326,6 +347,40 @@ pub fn decide_churn(
         },
         // Handled above; kept for exhaustiveness.
         Action::Partition => decided(Verdict::Pass(PassReason::NoPodReleased), None),
+    }
+}
+
+/// When a pod gated now is expected to go, in words. With the queue known (the leading
+/// releaser runs in this process), the pods already waiting are counted, in the order the
+/// releaser lifts them (crate::queue); without it only the windows are: the pods gated
+/// before this one are not charged until released, so the limiter's `slot` does not see
+/// them and the real wait can be longer.
+fn gate_wait(
+    churn: &ChurnRequest,
+    policy: &Policy,
+    rule: &Rule,
+    limiter: &Limiter,
+    queue: Option<&Snapshot>,
+    slot: Millis,
+    now: Millis,
+) -> String {
+    let about =
+        |wait: Millis| format_duration(Duration::from_millis(round_up_secs(wait) as u64 * 1000));
+    let Some(queue) = queue else {
+        return format!(
+            "about {} now by the rule's windows; pods already waiting are not known to this \
+             replica and can make it longer",
+            about(slot.saturating_sub(now))
+        );
+    };
+    let owner = churn.controller_uid.as_deref();
+    match estimate_joining(queue, policy, rule, &churn.namespace, owner, limiter, now) {
+        Some(joining) => format!(
+            "about {} now, behind {} pod(s) of this rule already waiting",
+            about(joining.at.saturating_sub(now)),
+            joining.ahead
+        ),
+        None => "the rule's windows give no time yet".to_string(),
     }
 }
 

@@ -9,7 +9,8 @@ pub mod respond;
 pub use crate::names::GATE_NAME;
 pub use classify::{classify, ChurnRequest, Classified, PassReason};
 pub use decide::{
-    decide, mark_admission, plan_partition, Decision, Endpoint, PartitionPlan, Verdict,
+    decide, decide_queued, mark_admission, plan_partition, Decision, Endpoint, PartitionPlan,
+    Verdict,
 };
 pub use respond::{respond, review_json};
 

@@ -726,3 +726,66 @@ fn no_slot_is_reserved_beyond_max_retry_after_and_the_answer_says_so() {
         "{message}"
     );
 }
+
+/// The warning on a gated pod counts the pods already gated ahead of it when the queue is
+/// known (the leading releaser runs in this process), in the releaser's order; without it
+/// the limiter's windows alone, which do not hold pods not yet released, and says so.
+#[test]
+fn table_of_gate_warnings() {
+    use crate::queue::{Cursor, QueuedPod, Snapshot};
+    let policy = policy();
+    let req = fixture("pod-create-replicaset");
+    let now = 1_000_000;
+    let waiting = |namespaces: usize| {
+        let pods = (0..namespaces)
+            .map(|i| QueuedPod {
+                namespace: format!("other-{i:02}"),
+                name: format!("web-{i}"),
+                uid: format!("u{i}"),
+                resource_version: "1".into(),
+                rule: "creates".into(),
+                owner: None,
+                created: 1_000,
+            })
+            .collect();
+        Snapshot::new(pods, Cursor::default())
+    };
+    // (case, queue, text expected in the warning)
+    let cases: Vec<(&str, Option<Snapshot>, &str)> = vec![
+        (
+            "30 pods in 30 other namespaces ahead: 15 more windows of 2",
+            Some(waiting(30)),
+            "(about 159s now, behind 30 pod(s) of this rule already waiting)",
+        ),
+        (
+            "an empty queue: when the window frees",
+            Some(waiting(0)),
+            "(about 9s now, behind 0 pod(s) of this rule already waiting)",
+        ),
+        (
+            "no queue known: the windows alone, and why it can be longer",
+            None,
+            "(about 9s now by the rule's windows; pods already waiting are not known to this \
+             replica and can make it longer)",
+        ),
+    ];
+    for (case, queue, want) in cases {
+        let mut limiter = Limiter::new(1_000);
+        let rule = policy.rules.iter().find(|r| &*r.name == "creates");
+        let rule = rule.unwrap_or_else(|| panic!("{case}: no rule"));
+        for _ in 0..2 {
+            limiter.record(&rule.name, &rule.limits, "x", None, now - 1_000, 1);
+        }
+        let decision = decide_queued(
+            &req,
+            Endpoint::Mutate,
+            &policy,
+            &mut limiter,
+            queue.as_ref(),
+            now,
+        );
+        assert_eq!(decision.verdict.label(), "gate", "{case}");
+        let message = decision.message.unwrap_or_default();
+        assert!(message.contains(want), "{case}: {message}");
+    }
+}

@@ -51,7 +51,7 @@ pub fn spaced_after(limit: &Limit, times: &[Millis], from: Millis) -> Millis {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Bucket {
     /// Charge times, non-decreasing; may extend into the future (reserved slots).
     pub(super) charges: VecDeque<Millis>,

@@ -465,5 +465,7 @@ impl Limiter {
     }
 }
 
+mod copy;
+
 #[cfg(test)]
 mod tests;

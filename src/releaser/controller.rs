@@ -22,6 +22,7 @@ use super::Context;
 use crate::limiter::Millis;
 use crate::names::{format_time, GATED_LABEL, GATE_NAME};
 use crate::policy::Policy;
+use crate::queue::{estimate, EstimateInputs, Snapshot, MAX_ESTIMATED};
 use crate::shared::{Leadership, ReleaserRole};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -399,6 +400,11 @@ impl Releaser {
         // Oldest heads first, so a cap on Events per round still reaches everyone in turn.
         due.sort_by_key(|w| queue[w.head].created);
         due.truncate(MAX_EVENTS_PER_ROUND);
+        let when = if due.iter().any(|w| w.blocked == Blocked::Rate) {
+            self.estimates(&policy, plan, queue, now)
+        } else {
+            HashMap::new()
+        };
         let mut events = Vec::new();
         for w in due {
             let Some(rule) = gate_rule(&policy, &w.rule) else {
@@ -418,8 +424,8 @@ impl Releaser {
                         limits.join(" and "),
                         w.rule_pods,
                         w.rule_namespaces,
-                        about(w.next_in_ms.unwrap_or(0)),
-                        about(w.last_in_ms.unwrap_or(0)),
+                        about(first_and_last(&when, w).0),
+                        about(first_and_last(&when, w).1),
                     ),
                 ),
                 Blocked::NotReady { not_ready, max } => (
@@ -440,6 +446,70 @@ impl Releaser {
             events.push((pod_reference(head), reason, note));
         }
         self.events.write(events, leadership).await;
+    }
+
+    /// When the pods still waiting after this round's releases are expected to go, per
+    /// rule and namespace (the first and the last), from the windows as they are now and
+    /// this releaser's round-robin position: the estimate `status` and the webhook use.
+    fn estimates(
+        &self,
+        policy: &Policy,
+        plan: &Plan,
+        queue: &[QueuedPod],
+        now: Millis,
+    ) -> HashMap<(Arc<str>, String), (Millis, Millis)> {
+        let released: HashSet<usize> = plan.releases.iter().map(|r| r.index).collect();
+        let waiting: Vec<QueuedPod> = queue
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !released.contains(i))
+            .map(|(_, p)| p.clone())
+            .collect();
+        let rules: HashSet<&str> = plan.waiting.iter().map(|w| &*w.rule).collect();
+        let mut scratch = self.ctx.limiter().copy_rules(|r| rules.contains(r));
+        let estimated = estimate(
+            &EstimateInputs {
+                queue: &waiting,
+                policy,
+                cursor: &self.cursor,
+                now,
+                max_releases: MAX_ESTIMATED,
+            },
+            &mut scratch,
+        );
+        let mut when: HashMap<(Arc<str>, String), (Millis, Millis)> = HashMap::new();
+        for (pod, e) in waiting.iter().zip(estimated) {
+            let (Some(rule), Some(at)) = (e.rule, e.at) else {
+                continue;
+            };
+            let wait = at.saturating_sub(now);
+            when.entry((rule, pod.namespace.clone()))
+                .and_modify(|(first, last)| {
+                    *first = (*first).min(wait);
+                    *last = (*last).max(wait);
+                })
+                .or_insert((wait, wait));
+        }
+        when
+    }
+
+    /// What the webhook in this process knows of the queue: the pods still waiting after
+    /// this round's releases, and the round-robin position.
+    fn publish_queue(&self, plan: &Plan, pods: &Pods) {
+        let released: HashSet<&str> = plan
+            .releases
+            .iter()
+            .map(|r| pods.eligible[r.index].uid.as_str())
+            .collect();
+        let waiting = pods
+            .queue
+            .iter()
+            .filter(|p| !released.contains(p.uid.as_str()))
+            .cloned()
+            .collect();
+        self.ctx
+            .queue
+            .set(Some(Snapshot::new(waiting, self.cursor.clone())));
     }
 
     fn publish_gauges(
@@ -465,8 +535,11 @@ impl Releaser {
         });
     }
 
+    /// At the end of a term: the gauges and the queue it published (a follower's would
+    /// be stale).
     fn clear_gauges(&mut self) {
         self.gauges.clear();
+        self.ctx.queue.set(None);
     }
 }
 
@@ -519,6 +592,7 @@ impl Rounds for Releaser {
             );
         }
         self.publish_gauges(&policy, &pods.queue, &not_ready);
+        self.publish_queue(&plan, &pods);
         let jobs = Self::jobs(&policy, &plan, &pods, now);
         self.run_jobs(jobs, leadership, now).await;
         self.drop_labels(&pods.released, &policy, leadership, now)
@@ -527,6 +601,16 @@ impl Rounds for Releaser {
             .await;
         plan.wake_at
     }
+}
+
+/// The waits of the first and the last pod of a waiting namespace (0 when unknown).
+fn first_and_last(
+    when: &HashMap<(Arc<str>, String), (Millis, Millis)>,
+    w: &super::plan::Waiting,
+) -> (Millis, Millis) {
+    when.get(&(w.rule.clone(), w.namespace.clone()))
+        .copied()
+        .unwrap_or((0, 0))
 }
 
 /// A rule name usable as a metric label: a gate rule of the policy, else "(none)".

@@ -23,17 +23,20 @@ pub use lease::LeaseConfig;
 use crate::limiter::Limiter;
 use crate::metrics::ReleaserParts;
 use crate::policy::Policy;
-use crate::shared::{hostname, KubeClient, LimiterCell, PolicyCell, RoleCell};
+use crate::shared::{hostname, KubeClient, LimiterCell, PolicyCell, QueueCell, RoleCell};
 use std::sync::{Arc, MutexGuard};
 
 /// What the releasers use of the process, built by `serve`: the policy in force
 /// (unscaled), the limiter they charge with the webhook, where to say whether they lead
-/// (the global budget splits gate rules by it), the metrics, and this process's
+/// (the global budget splits gate rules by it), where the gate queue it sees goes for
+/// the webhook's estimates, the metrics, and this process's
 /// `admitted-by` mark (pods its own webhook admitted are already in its limiter).
 pub struct Context {
     pub policy: Arc<PolicyCell>,
     pub limiter: Arc<LimiterCell>,
     pub role: Arc<RoleCell>,
+    /// The gate queue of the last round, while leading, for the webhook in this process.
+    pub queue: Arc<QueueCell>,
     pub metrics: ReleaserParts,
     pub instance: String,
     /// The process's Kubernetes client, shared with the other shells.

@@ -12,31 +12,17 @@
 //! controller's budget never blocks another's.
 
 use crate::limiter::{Limiter, Millis};
-use crate::policy::{Action, Policy, Rule, Scope};
+use crate::policy::{Policy, Rule};
+use crate::queue::{fifo, lanes_in_turn, serve_round, Releases, Stop};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+// The release order lives in crate::queue, shared with the estimates.
+pub use crate::queue::{gate_rule, Cursor, QueuedPod};
 
 /// At most this many releases per round; the rest follow in the next round at once.
 /// Bounds the burst of API calls one round makes, not the rate (the limiter does that).
 pub const MAX_RELEASES_PER_ROUND: usize = 100;
-
-/// How far an `owner`-scoped rule looks past a namespace's oldest pod for one that fits.
-const OWNER_SCAN: usize = 64;
-
-/// A pod that carries churn-throttler's gate and waits for its release.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedPod {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub resource_version: String,
-    /// The rule named by the gated-by annotation; empty when the annotation is missing.
-    pub rule: String,
-    /// The controller's UID, for `owner`-scoped limits.
-    pub owner: Option<String>,
-    /// creationTimestamp (second precision, as the API server keeps it).
-    pub created: Millis,
-}
 
 /// A pod churn-throttler released (label `released`), kept until it is Ready and out of
 /// every window, so that windows and readiness can be rebuilt from the cluster.
@@ -95,10 +81,6 @@ pub struct Waiting {
     /// Queue index of the oldest pod waiting here (the one an Event is attached to).
     pub head: usize,
     pub blocked: Blocked,
-    /// Estimated wait for this namespace's next release (None: waits on readiness).
-    pub next_in_ms: Option<Millis>,
-    /// Estimated wait for this namespace's last waiting pod, at the rate alone.
-    pub last_in_ms: Option<Millis>,
     /// Pods and namespaces waiting for this rule in the whole cluster.
     pub rule_pods: usize,
     pub rule_namespaces: usize,
@@ -113,18 +95,6 @@ pub struct Plan {
     pub waiting: Vec<Waiting>,
 }
 
-/// The round-robin position per rule: the namespace served last.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Cursor {
-    last: HashMap<Arc<str>, String>,
-}
-
-impl Cursor {
-    pub fn last(&self, rule: &str) -> Option<&str> {
-        self.last.get(rule).map(String::as_str)
-    }
-}
-
 pub struct Inputs<'a> {
     pub queue: &'a [QueuedPod],
     /// Released pods not yet Ready, per rule name.
@@ -132,14 +102,6 @@ pub struct Inputs<'a> {
     pub policy: &'a Policy,
     pub now: Millis,
     pub max_releases: usize,
-}
-
-/// The gate rule of this name, if the policy has one.
-pub fn gate_rule<'p>(policy: &'p Policy, name: &str) -> Option<&'p Rule> {
-    policy
-        .rules
-        .iter()
-        .find(|r| r.action == Action::Gate && &*r.name == name)
 }
 
 /// Decides this round's releases and charges each in `limiter` at `now`.
@@ -179,8 +141,41 @@ pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> 
     out
 }
 
-fn fifo(a: &QueuedPod, b: &QueuedPod) -> std::cmp::Ordering {
-    (a.created, &a.name, &a.uid).cmp(&(b.created, &b.name, &b.uid))
+/// This round's releases of one rule, as the shared release order makes them: each one
+/// counts against the round's cap and, until it is Ready, against maxNotReady.
+struct Round<'a, 'p> {
+    rule: &'a Rule,
+    queue: &'a [QueuedPod],
+    now: Millis,
+    max_releases: usize,
+    not_ready: u32,
+    out: &'p mut Plan,
+}
+
+impl Releases for Round<'_, '_> {
+    fn may_release(&self) -> Result<(), Stop> {
+        if self
+            .rule
+            .max_not_ready
+            .is_some_and(|max| self.not_ready >= max)
+        {
+            return Err(Stop::NotReady);
+        }
+        if self.out.releases.len() >= self.max_releases {
+            return Err(Stop::Cap);
+        }
+        Ok(())
+    }
+
+    fn released(&mut self, index: usize) {
+        self.out.releases.push(Release {
+            index,
+            rule: Some(self.rule.name.clone()),
+            why: ReleaseWhy::Rate,
+            waited_ms: self.now.saturating_sub(self.queue[index].created),
+        });
+        self.not_ready += 1;
+    }
 }
 
 fn plan_rule(
@@ -194,141 +189,34 @@ fn plan_rule(
     let queue = inputs.queue;
     let now = inputs.now;
     let (names, mut lanes) = lanes_in_turn(rule, indices, queue, cursor);
-    let scan = if rule.limits.iter().any(|l| l.scope == Scope::Owner) {
-        OWNER_SCAN
-    } else {
-        1
+    let mut round = Round {
+        rule,
+        queue,
+        now,
+        max_releases: inputs.max_releases,
+        not_ready: inputs.not_ready.get(&*rule.name).copied().unwrap_or(0),
+        out,
     };
-    let mut not_ready = inputs.not_ready.get(&*rule.name).copied().unwrap_or(0);
-    let mut blocked_by_readiness = false;
-    let mut blocked = vec![false; names.len()];
-
-    'rounds: loop {
-        let mut progress = false;
-        for (lane_no, lane) in lanes.iter_mut().enumerate() {
-            if blocked[lane_no] || lane.is_empty() {
-                continue;
-            }
-            if rule.max_not_ready.is_some_and(|max| not_ready >= max) {
-                blocked_by_readiness = true;
-                break 'rounds;
-            }
-            if out.releases.len() >= inputs.max_releases {
-                out.wake_at = Some(now);
-                break 'rounds;
-            }
-            match pick(rule, lane, scan, queue, limiter, now) {
-                Ok(position) => {
-                    let index = lane.remove(position);
-                    let pod = &queue[index];
-                    limiter.record(
-                        &rule.name,
-                        &rule.limits,
-                        &pod.namespace,
-                        pod.owner.as_deref(),
-                        now,
-                        1,
-                    );
-                    out.releases.push(Release {
-                        index,
-                        rule: Some(rule.name.clone()),
-                        why: ReleaseWhy::Rate,
-                        waited_ms: now.saturating_sub(pod.created),
-                    });
-                    not_ready += 1;
-                    cursor
-                        .last
-                        .insert(rule.name.clone(), names[lane_no].to_string());
-                    progress = true;
-                }
-                Err(earliest) => {
-                    blocked[lane_no] = true;
-                    if earliest != Millis::MAX {
-                        out.wake_at = Some(out.wake_at.map_or(earliest, |w| w.min(earliest)));
-                    }
-                }
-            }
-        }
-        if !progress {
-            break;
-        }
+    let end = serve_round(
+        rule, &names, &mut lanes, queue, limiter, cursor, now, &mut round,
+    );
+    let not_ready = round.not_ready;
+    if let Some(wake) = end.wake_at {
+        out.wake_at = Some(out.wake_at.map_or(wake, |w| w.min(wake)));
     }
-    let readiness = blocked_by_readiness.then(|| Blocked::NotReady {
+    let readiness = (end.stopped == Some(Stop::NotReady)).then(|| Blocked::NotReady {
         not_ready,
         max: rule.max_not_ready.unwrap_or(0),
     });
-    describe_waiting(rule, &names, &lanes, queue, limiter, now, readiness, out);
+    describe_waiting(rule, &names, &lanes, readiness, out);
 }
 
-/// The rule's pods in one lane per namespace, oldest first, the lanes in turn: the
-/// namespace after the one served last comes first.
-fn lanes_in_turn<'q>(
-    rule: &Rule,
-    indices: Vec<usize>,
-    queue: &'q [QueuedPod],
-    cursor: &Cursor,
-) -> (Vec<&'q str>, Vec<Vec<usize>>) {
-    let mut lanes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for index in indices {
-        lanes
-            .entry(queue[index].namespace.as_str())
-            .or_default()
-            .push(index);
-    }
-    for lane in lanes.values_mut() {
-        lane.sort_by(|&a, &b| fifo(&queue[a], &queue[b]));
-    }
-    let mut names: Vec<&str> = lanes.keys().copied().collect();
-    if let Some(last) = cursor.last(&rule.name) {
-        let split = names.partition_point(|n| *n <= last);
-        names.rotate_left(split);
-    }
-    let lanes = names
-        .iter()
-        .map(|n| lanes.remove(n).unwrap_or_default())
-        .collect();
-    (names, lanes)
-}
-
-/// The position in the lane of the first of its `scan` oldest pods that fits now, or
-/// the earliest time one of them would (Millis::MAX: never).
-fn pick(
-    rule: &Rule,
-    lane: &[usize],
-    scan: usize,
-    queue: &[QueuedPod],
-    limiter: &Limiter,
-    now: Millis,
-) -> Result<usize, Millis> {
-    let mut earliest = Millis::MAX;
-    for (position, &index) in lane.iter().take(scan).enumerate() {
-        let pod = &queue[index];
-        let at = limiter.earliest(
-            &rule.name,
-            &rule.limits,
-            &pod.namespace,
-            pod.owner.as_deref(),
-            1,
-            now,
-        );
-        if at <= now {
-            return Ok(position);
-        }
-        earliest = earliest.min(at);
-    }
-    Err(earliest)
-}
-
-/// What still waits per namespace, with rough estimates for the Events; `readiness`
-/// when maxNotReady stopped the round.
-#[allow(clippy::too_many_arguments)]
+/// What still waits per namespace; `readiness` when maxNotReady stopped the round. When
+/// they go is estimated apart, for the pods an Event speaks of (crate::queue::estimate).
 fn describe_waiting(
     rule: &Rule,
     names: &[&str],
     lanes: &[Vec<usize>],
-    queue: &[QueuedPod],
-    limiter: &Limiter,
-    now: Millis,
     readiness: Option<Blocked>,
     out: &mut Plan,
 ) {
@@ -339,54 +227,16 @@ fn describe_waiting(
         let Some(&head) = lane.first() else {
             continue;
         };
-        let pod = &queue[head];
-        let (blocked, next_in_ms, last_in_ms) = match readiness {
-            Some(blocked) => (blocked, None, None),
-            None => {
-                let next = limiter
-                    .earliest(
-                        &rule.name,
-                        &rule.limits,
-                        &pod.namespace,
-                        pod.owner.as_deref(),
-                        1,
-                        now,
-                    )
-                    .saturating_sub(now);
-                let last = next + drain_estimate(rule, &counts, lane_no);
-                (Blocked::Rate, Some(next), Some(last))
-            }
-        };
         out.waiting.push(Waiting {
             rule: rule.name.clone(),
             namespace: names[lane_no].to_string(),
             pods: lane.len(),
             head,
-            blocked,
-            next_in_ms,
-            last_in_ms,
+            blocked: readiness.unwrap_or(Blocked::Rate),
             rule_pods,
             rule_namespaces,
         });
     }
-}
-
-/// Time after the first release until the lane's last pod goes, at the rule's rate:
-/// round-robin puts `min(other lane, this lane)` pods of every other lane before it.
-fn drain_estimate(rule: &Rule, counts: &[usize], lane_no: usize) -> Millis {
-    let mine = counts[lane_no];
-    rule.limits
-        .iter()
-        .map(|limit| {
-            let ahead = match limit.scope {
-                Scope::Global => counts.iter().map(|&c| c.min(mine)).sum::<usize>(),
-                Scope::Namespace | Scope::Owner => mine,
-            };
-            let windows = (ahead.saturating_sub(1) / limit.events.max(1) as usize) as Millis;
-            windows * limit.window.as_millis() as Millis
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// Release times already charged in the limiter by this process, by pod UID, so that

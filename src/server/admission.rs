@@ -3,7 +3,8 @@
 use super::pods::Check;
 use super::state::AppState;
 use crate::admission::{
-    classify, decide, mark_admission, respond, Classified, Decision, Endpoint, PassReason, Verdict,
+    classify, decide_queued, mark_admission, respond, Classified, Decision, Endpoint, PassReason,
+    Verdict,
 };
 use crate::limiter::{Ask, Identity, Millis};
 use crate::policy::{Limit, Policy};
@@ -193,9 +194,17 @@ async fn review(
     }
     let policy = state.decision_policy();
     let now = now_millis();
+    let queue = state.queue_cell().get();
     let decision = {
         let mut limiter = state.limiter();
-        let decision = decide(&request, endpoint, &policy, &mut limiter, now);
+        let decision = decide_queued(
+            &request,
+            endpoint,
+            &policy,
+            &mut limiter,
+            queue.as_deref(),
+            now,
+        );
         mark_admission(&request, decision, &policy, now, &state.instance)
     };
     let rule = decision.rule.as_deref().unwrap_or("none");

@@ -4,7 +4,9 @@ use crate::budget::{scale_policy, GateRole, Share};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::Metrics;
 use crate::policy::Policy;
-use crate::shared::{now_millis, BudgetCell, LimiterCell, PolicyCell, ReleaserRole, RoleCell};
+use crate::shared::{
+    now_millis, BudgetCell, LimiterCell, PolicyCell, QueueCell, ReleaserRole, RoleCell,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -16,6 +18,8 @@ pub struct AppState {
     /// The policy scaled by the share last asked for, and what it was made from.
     scaled: Mutex<Option<Scaled>>,
     releaser: Arc<RoleCell>,
+    /// The gate queue the leading releaser in this process last saw (None elsewhere).
+    queue: Arc<QueueCell>,
     pub metrics: Arc<Metrics>,
     tls_up: AtomicBool,
     shutting_down: AtomicBool,
@@ -41,6 +45,7 @@ impl AppState {
             budget: Arc::default(),
             scaled: Mutex::new(None),
             releaser: Arc::default(),
+            queue: Arc::default(),
             metrics,
             tls_up: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
@@ -106,6 +111,10 @@ impl AppState {
 
     pub fn releaser_role(&self) -> Arc<RoleCell> {
         self.releaser.clone()
+    }
+
+    pub fn queue_cell(&self) -> Arc<QueueCell> {
+        self.queue.clone()
     }
 
     /// Swaps in a new policy. Limiter state is kept: buckets are keyed by rule name,
