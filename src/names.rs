@@ -7,7 +7,7 @@
 use json_patch::{AddOperation, PatchOperation, TestOperation};
 use jsonptr::PointerBuf;
 use k8s_openapi::jiff::Timestamp;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The scheduling gate churn-throttler adds and only it removes.
 pub const GATE_NAME: &str = "churn-throttler.io/paced";
@@ -113,4 +113,36 @@ pub fn test(path: &str, value: Value) -> PatchOperation {
         path: pointer(path),
         value,
     })
+}
+
+/// Adds entries to metadata.labels or metadata.annotations, creating the map if absent.
+pub fn map_entries_ops(
+    map: &str,
+    map_exists: bool,
+    entries: &[(&str, &str)],
+) -> Vec<PatchOperation> {
+    if map_exists {
+        entries
+            .iter()
+            .flat_map(|(key, value)| map_entry_ops(map, true, key, value))
+            .collect()
+    } else {
+        let object: serde_json::Map<String, Value> = entries
+            .iter()
+            .map(|(key, value)| (key.to_string(), json!(value)))
+            .collect();
+        vec![add(&format!("/metadata/{map}"), Value::Object(object))]
+    }
+}
+
+/// Adds `key: value` to metadata.labels or metadata.annotations, creating the map if absent.
+pub fn map_entry_ops(map: &str, map_exists: bool, key: &str, value: &str) -> Vec<PatchOperation> {
+    if map_exists {
+        vec![add(
+            &format!("/metadata/{map}/{}", escape(key)),
+            json!(value),
+        )]
+    } else {
+        vec![add(&format!("/metadata/{map}"), json!({ key: value }))]
+    }
 }

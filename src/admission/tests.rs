@@ -1,5 +1,5 @@
 use super::classify::StatefulSetChange;
-use super::decide::mark_admission;
+use super::gate::mark_admission;
 use super::*;
 use crate::limiter::Limiter;
 use crate::names::{ADMITTED_BY_ANNOTATION, GATED_BY_ANNOTATION, GATED_LABEL};
