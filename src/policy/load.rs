@@ -665,6 +665,16 @@ mod tests {
         let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(policy.rules[0].limits[0].burst, 5);
         assert_eq!(policy.rules[0].limits[0].spacing_ms(), None);
+        // Faster than one per millisecond: not spaced (1 ms would cap it at 1,000 per
+        // second), the plain window kept.
+        let fast = Limit {
+            events: 1_000_000,
+            window: Duration::from_secs(10),
+            scope: Scope::Global,
+            burst: 2,
+        };
+        assert_eq!(fast.spacing_ms(), None);
+        assert_eq!(fast.kept_window_ms(), 10_000);
         assert_eq!(policy.rules[0].limits[0].kept_window_ms(), 10_000);
     }
 }

@@ -72,8 +72,16 @@ pub const SPACING_MARGIN_MS: u64 = 500;
 
 impl Limit {
     /// The margin a spaced limit keeps (0 for a plain window).
+    /// Spaced: the burst is below the events, and one event per window / events is at least
+    /// a millisecond apart. The limiter's clock counts milliseconds, so a faster rate (over
+    /// 1,000 per second) cannot be spaced: rounded up to 1 ms it would cap the rule at about
+    /// 1,000 per second whatever it says; such a rule keeps the plain exact window.
+    fn spaced(&self) -> bool {
+        self.burst < self.events && self.window.as_millis() as u64 >= u64::from(self.events)
+    }
+
     fn margin_ms(&self) -> u64 {
-        if self.burst >= self.events {
+        if !self.spaced() {
             return 0;
         }
         (self.window.as_millis() as u64 / 20).min(SPACING_MARGIN_MS)
@@ -85,9 +93,10 @@ impl Limit {
     }
 
     /// Milliseconds between consecutive events after the burst: the kept window / events,
-    /// rounded up. None when the burst is the whole window's worth (a plain window).
+    /// rounded up. None when the burst is the whole window's worth (a plain window), or
+    /// when the rate is too fast to space on a millisecond clock (see `spaced`).
     pub fn spacing_ms(&self) -> Option<u64> {
-        if self.burst >= self.events {
+        if !self.spaced() {
             return None;
         }
         Some(
