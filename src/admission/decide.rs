@@ -194,6 +194,20 @@ impl Cx<'_> {
         self.churn.controller_uid.as_deref()
     }
 
+    /// Charges the request now, over the limit if need be (a dry run is never charged).
+    pub(super) fn record(&self, limiter: &mut Limiter) {
+        if !self.churn.dry_run {
+            limiter.record(
+                &self.rule.name,
+                &self.rule.limits,
+                &self.churn.namespace,
+                self.owner(),
+                self.now,
+                self.churn.cost,
+            );
+        }
+    }
+
     /// Slots this close are held: a hold rule's maxHold, and for any rule a retry that
     /// came back within the arrival margin before its slot.
     fn hold_within(&self) -> Millis {
@@ -296,23 +310,13 @@ fn deny(cx: &Cx<'_>, limiter: &mut Limiter) -> Decision {
 fn warn(cx: &Cx<'_>, limiter: &mut Limiter) -> Decision {
     let (churn, rule, now) = (cx.churn, cx.rule, cx.now);
     let decided = |verdict, message| cx.decided(verdict, message);
-    let owner = cx.owner();
     let ask = |reserve| cx.ask(reserve);
     match limiter.acquire(&ask(false), now) {
         Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
         Outcome::Reserved { slot }
         | Outcome::Held { slot }
         | Outcome::Refused { retry_at: slot, .. } => {
-            if !churn.dry_run {
-                limiter.record(
-                    &rule.name,
-                    &rule.limits,
-                    &churn.namespace,
-                    owner,
-                    now,
-                    churn.cost,
-                );
-            }
+            cx.record(limiter);
             let wait = slot.saturating_sub(now);
             decided(
                 Verdict::Warn { wait_ms: wait },

@@ -26,23 +26,13 @@ pub(super) fn decide(
 ) -> Decision {
     let (churn, rule, now) = (cx.churn, cx.rule, cx.now);
     let decided = |verdict, message| cx.decided(verdict, message);
-    let owner = cx.owner();
     let ask = |reserve| cx.ask(reserve);
     if churn.scheduling_gates.iter().any(|g| g == GATE_NAME) {
         return decided(Verdict::Admitted, None);
     }
     if churn.node_name_set {
         // Validation rejects gates on a bound pod: count it, let it through.
-        if !churn.dry_run {
-            limiter.record(
-                &rule.name,
-                &rule.limits,
-                &churn.namespace,
-                owner,
-                now,
-                churn.cost,
-            );
-        }
+        cx.record(limiter);
         return decided(Verdict::Admitted, None);
     }
     let gated = |when: String| {
