@@ -116,11 +116,25 @@ pub fn decide_queued(
     queue: Option<&Snapshot>,
     now: Millis,
 ) -> Decision {
-    let churn = match classify(req) {
-        Classified::Pass(reason) => return Decision::bare(Verdict::Pass(reason), None),
-        Classified::Churn(churn) => churn,
-    };
-    decide_churn_queued(&churn, endpoint, policy, limiter, queue, now)
+    decide_classified(&classify(req), endpoint, policy, limiter, queue, now)
+}
+
+/// [`decide_queued`] for a request the caller has classified already (the server does
+/// once, and uses the result for its pod check and a hold's slot too).
+pub fn decide_classified(
+    classified: &Classified,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    queue: Option<&Snapshot>,
+    now: Millis,
+) -> Decision {
+    match classified {
+        Classified::Pass(reason) => Decision::bare(Verdict::Pass(*reason), None),
+        Classified::Churn(churn) => {
+            decide_churn_queued(churn, endpoint, policy, limiter, queue, now)
+        }
+    }
 }
 
 pub fn decide_churn(

@@ -2,7 +2,6 @@
 //! scheduling gate, for the releaser to lift at the rate; one admitted at once is marked as
 //! released now. Pure, like the rest of the decision.
 
-use super::classify::{classify, Classified};
 use super::decide::{rate, round_up_secs, Cx, Decision, Verdict};
 use super::ChurnRequest;
 use crate::limiter::{Limiter, Millis, Outcome};
@@ -13,8 +12,6 @@ use crate::names::{
 use crate::policy::{format_duration, Action, ChurnKind, Policy, Rule};
 use crate::queue::{estimate_joining, Snapshot};
 use json_patch::Patch;
-use kube::core::admission::AdmissionRequest;
-use kube::core::DynamicObject;
 use serde_json::json;
 use std::time::Duration;
 
@@ -125,7 +122,7 @@ fn gate_patch(churn: &ChurnRequest, rule: &str) -> Patch {
 /// own admissions are then no longer lost with the process that counted them. Any other
 /// decision is returned as it is.
 pub fn mark_admission(
-    req: &AdmissionRequest<DynamicObject>,
+    churn: &ChurnRequest,
     decision: Decision,
     policy: &Policy,
     now: Millis,
@@ -142,9 +139,6 @@ pub fn mark_admission(
     {
         return decision;
     }
-    let Classified::Churn(churn) = classify(req) else {
-        return decision;
-    };
     if churn.dry_run {
         return decision;
     }

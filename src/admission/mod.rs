@@ -10,10 +10,21 @@ pub mod respond;
 /// Kept for src/simulate's import path only; the names live in `crate::names`.
 pub use crate::names::GATE_NAME;
 pub use classify::{classify, ChurnRequest, Classified, PassReason};
-pub use decide::{decide, decide_queued, Decision, Endpoint, Verdict};
+pub use decide::{decide, decide_classified, decide_queued, Decision, Endpoint, Verdict};
 pub use gate::mark_admission;
 pub use partition::{plan_partition, PartitionPlan};
 pub use respond::{respond, review_json};
 
 #[cfg(test)]
 mod tests;
+
+/// A review's classification, for tests that know it is churn.
+#[cfg(test)]
+pub(crate) fn churn_of(
+    req: &kube::core::admission::AdmissionRequest<kube::core::DynamicObject>,
+) -> Box<ChurnRequest> {
+    match classify(req) {
+        Classified::Churn(churn) => churn,
+        Classified::Pass(reason) => panic!("expected churn, classified as {reason:?}"),
+    }
+}

@@ -644,7 +644,13 @@ fn pods_admitted_at_once_by_a_gate_rule_are_marked_for_seeding() {
     let req = fixture("pod-create-statefulset");
     let mut at = |now: u64| {
         let decision = decide(&req, Endpoint::Mutate, &policy, &mut limiter, now);
-        mark_admission(&req, decision, &policy, now, "replica-a/1")
+        mark_admission(
+            &super::churn_of(&req),
+            decision,
+            &policy,
+            now,
+            "replica-a/1",
+        )
     };
     let first = at(1_767_225_600_000);
     let Verdict::AdmitMarked { patch } = &first.verdict else {
@@ -680,7 +686,7 @@ fn pods_admitted_at_once_by_a_gate_rule_are_marked_for_seeding() {
     let dry = fixture("pod-create-dry-run");
     let decision = decide(&dry, Endpoint::Mutate, &policy, &mut Limiter::new(10), 0);
     assert_eq!(
-        mark_admission(&dry, decision, &policy, 0, "replica-a/1").verdict,
+        mark_admission(&super::churn_of(&dry), decision, &policy, 0, "replica-a/1").verdict,
         Verdict::Admitted
     );
 }

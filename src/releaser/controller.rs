@@ -10,8 +10,8 @@
 use super::lease::{self, LeaseConfig};
 use super::partition::PartitionReleaser;
 use super::plan::{
-    gate_rule, labels_to_drop, not_ready_by_rule, plan, seed, Blocked, Charged, Cursor, Inputs,
-    Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
+    charge, gate_rule, labels_to_drop, not_ready_by_rule, order, record_seeds, to_seed, Blocked,
+    Charged, Cursor, Inputs, Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
 };
 use super::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
 use super::shell::{
@@ -200,7 +200,9 @@ impl Releaser {
         pods
     }
 
-    /// Seeds the windows, counts pods ungated by hand, and plans, under the limiter's lock.
+    /// Seeds the windows, counts pods ungated by hand, and plans. What needs no windows
+    /// (which releases to seed, the queue's release order) is worked out first; the
+    /// limiter's lock, which every admission decision takes too, is held only to charge.
     fn plan(
         &mut self,
         policy: &Policy,
@@ -208,15 +210,23 @@ impl Releaser {
         not_ready: &HashMap<String, u32>,
         now: Millis,
     ) -> (Plan, usize) {
-        let mut limiter = self.ctx.limiter();
-        let seeded = seed(
-            &mut limiter,
+        let to_seed = to_seed(
             policy,
             &pods.released,
-            &mut self.charged,
+            &self.charged,
             &self.ctx.instance,
             now,
         );
+        let inputs = Inputs {
+            queue: &pods.eligible,
+            not_ready,
+            policy,
+            now,
+            max_releases: MAX_RELEASES_PER_ROUND,
+        };
+        let order = order(&inputs, &self.cursor);
+        let mut limiter = self.ctx.limiter();
+        let seeded = record_seeds(&mut limiter, &to_seed, &mut self.charged);
         // Pods un-gated by hand are counted now, before anything else is planned.
         for (pod, _) in &pods.ungated {
             if let Some(rule) = gate_rule(policy, &pod.rule) {
@@ -230,17 +240,7 @@ impl Releaser {
                 );
             }
         }
-        let plan = plan(
-            &Inputs {
-                queue: &pods.eligible,
-                not_ready,
-                policy,
-                now,
-                max_releases: MAX_RELEASES_PER_ROUND,
-            },
-            &mut limiter,
-            &mut self.cursor,
-        );
+        let plan = charge(order, &mut limiter, &mut self.cursor);
         (plan, seeded)
     }
 

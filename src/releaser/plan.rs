@@ -104,10 +104,30 @@ pub struct Inputs<'a> {
     pub max_releases: usize,
 }
 
-/// Decides this round's releases and charges each in `limiter` at `now`.
+/// Decides this round's releases and charges each in `limiter` at `now`:
+/// [`order`] then [`charge`].
 pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> Plan {
-    let now = inputs.now;
-    let mut out = Plan::default();
+    charge(order(inputs, cursor), limiter, cursor)
+}
+
+/// The queue in release order, before any window is asked: the orphans oldest first,
+/// then each gate rule's lanes (one per namespace, oldest first, in turn from the
+/// cursor), rules in policy order. It needs no limiter, so the releaser builds it
+/// outside the limiter's lock and holds that lock only for [`charge`].
+pub struct Order<'a> {
+    inputs: &'a Inputs<'a>,
+    orphans: Vec<usize>,
+    rules: Vec<RuleLanes<'a>>,
+}
+
+struct RuleLanes<'a> {
+    rule: &'a Rule,
+    names: Vec<&'a str>,
+    lanes: Vec<Vec<usize>>,
+}
+
+/// Groups and sorts the queue; the cursor is only read.
+pub fn order<'a>(inputs: &'a Inputs<'a>, cursor: &Cursor) -> Order<'a> {
     let mut by_rule: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     let mut orphans = Vec::new();
     for (index, pod) in inputs.queue.iter().enumerate() {
@@ -116,9 +136,32 @@ pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> 
             None => orphans.push(index),
         }
     }
-
     orphans.sort_by(|&a, &b| fifo(&inputs.queue[a], &inputs.queue[b]));
-    for &index in &orphans {
+    // Rules in policy order, so an earlier rule is not starved of the per-round cap.
+    let rules = inputs
+        .policy
+        .rules
+        .iter()
+        .filter_map(|rule| {
+            let indices = by_rule.remove(&*rule.name)?;
+            let (names, lanes) = lanes_in_turn(rule, indices, inputs.queue, cursor);
+            Some(RuleLanes { rule, names, lanes })
+        })
+        .collect();
+    Order {
+        inputs,
+        orphans,
+        rules,
+    }
+}
+
+/// Runs the round on `order`: orphans go at once, then each rule's lanes in turn while
+/// its windows have room, each release charged in `limiter` at `now`.
+pub fn charge(order: Order<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> Plan {
+    let inputs = order.inputs;
+    let now = inputs.now;
+    let mut out = Plan::default();
+    for &index in &order.orphans {
         if out.releases.len() >= inputs.max_releases {
             out.wake_at = Some(now);
             break;
@@ -130,13 +173,8 @@ pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> 
             waited_ms: now.saturating_sub(inputs.queue[index].created),
         });
     }
-
-    // Rules in policy order, so an earlier rule is not starved of the per-round cap.
-    for rule in inputs.policy.rules.iter() {
-        let Some(indices) = by_rule.remove(&*rule.name) else {
-            continue;
-        };
-        plan_rule(rule, indices, inputs, limiter, cursor, &mut out);
+    for lanes in order.rules {
+        plan_rule(lanes, inputs, limiter, cursor, &mut out);
     }
     out
 }
@@ -179,8 +217,11 @@ impl Releases for Round<'_, '_> {
 }
 
 fn plan_rule(
-    rule: &Rule,
-    indices: Vec<usize>,
+    RuleLanes {
+        rule,
+        names,
+        mut lanes,
+    }: RuleLanes<'_>,
     inputs: &Inputs<'_>,
     limiter: &mut Limiter,
     cursor: &mut Cursor,
@@ -188,7 +229,6 @@ fn plan_rule(
 ) {
     let queue = inputs.queue;
     let now = inputs.now;
-    let (names, mut lanes) = lanes_in_turn(rule, indices, queue, cursor);
     let mut round = Round {
         rule,
         queue,
@@ -306,20 +346,44 @@ pub fn seed(
     own_instance: &str,
     now: Millis,
 ) -> usize {
-    let mut todo: Vec<(Millis, &ReleasedPod, &Rule)> = released
+    let todo = to_seed(policy, released, charged, own_instance, now);
+    record_seeds(limiter, &todo, charged)
+}
+
+/// A release to charge again at its recorded time.
+pub struct Seed<'p> {
+    at: Millis,
+    pod: &'p ReleasedPod,
+    rule: &'p Rule,
+}
+
+/// What [`seed`] charges, in time order, without the limiter (built outside its lock).
+pub fn to_seed<'p>(
+    policy: &'p Policy,
+    released: &'p [ReleasedPod],
+    charged: &Charged,
+    own_instance: &str,
+    now: Millis,
+) -> Vec<Seed<'p>> {
+    let mut todo: Vec<Seed<'p>> = released
         .iter()
         .filter(|p| !charged.contains(&p.uid))
         .filter(|p| p.admitted_by.as_deref() != Some(own_instance))
-        .filter_map(|p| {
-            let rule = gate_rule(policy, &p.rule)?;
+        .filter_map(|pod| {
+            let rule = gate_rule(policy, &pod.rule)?;
             // A release time in the future (clock skew) counts as now.
-            let at = p.released_at?.min(now);
-            (at + rule_window(rule) > now).then_some((at, p, rule))
+            let at = pod.released_at?.min(now);
+            (at + rule_window(rule) > now).then_some(Seed { at, pod, rule })
         })
         .collect();
     // Charges are recorded in time order so every window is exact.
-    todo.sort_by(|a, b| (a.0, &a.1.uid).cmp(&(b.0, &b.1.uid)));
-    for (at, pod, rule) in &todo {
+    todo.sort_by(|a, b| (a.at, &a.pod.uid).cmp(&(b.at, &b.pod.uid)));
+    todo
+}
+
+/// Charges `todo` (from [`to_seed`]) in `limiter` and remembers each; returns how many.
+pub fn record_seeds(limiter: &mut Limiter, todo: &[Seed<'_>], charged: &mut Charged) -> usize {
+    for Seed { at, pod, rule } in todo {
         limiter.record(
             &rule.name,
             &rule.limits,

@@ -402,7 +402,13 @@ mod tests {
             &mut Limiter::new(1_000),
             now,
         );
-        let decision = mark_admission(&req, decision, &policy, now, "replica-a/1");
+        let decision = mark_admission(
+            &crate::admission::churn_of(&req),
+            decision,
+            &policy,
+            now,
+            "replica-a/1",
+        );
         let Verdict::AdmitMarked { patch } = &decision.verdict else {
             panic!("not marked: {:?}", decision.verdict)
         };

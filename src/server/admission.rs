@@ -3,8 +3,8 @@
 use super::pods::Check;
 use super::state::AppState;
 use crate::admission::{
-    classify, decide_queued, mark_admission, respond, Classified, Decision, Endpoint, PassReason,
-    Verdict,
+    classify, decide_classified, mark_admission, respond, ChurnRequest, Classified, Decision,
+    Endpoint, PassReason, Verdict,
 };
 use crate::limiter::{Ask, Identity, Millis};
 use crate::policy::{Limit, Policy};
@@ -175,8 +175,14 @@ async fn review(
         Ok(request) => request,
         Err(refused) => return *refused,
     };
+    // Classified once: the pod check, the decision and a hold's slot all read it.
+    let classified = classify(&request);
+    let churn = match &classified {
+        Classified::Churn(churn) => Some(&**churn),
+        Classified::Pass(_) => None,
+    };
     // Before the decision, so a forged review never reaches the limiter (see `pods`).
-    if let Check::Unverified(why) = state.pods.check(&request) {
+    if let Check::Unverified(why) = state.pods.check(&request, churn) {
         state
             .metrics
             .server
@@ -197,15 +203,18 @@ async fn review(
     let queue = state.queue_cell().get();
     let decision = {
         let mut limiter = state.limiter();
-        let decision = decide_queued(
-            &request,
+        let decision = decide_classified(
+            &classified,
             endpoint,
             &policy,
             &mut limiter,
             queue.as_deref(),
             now,
         );
-        mark_admission(&request, decision, &policy, now, &state.instance)
+        match churn {
+            Some(churn) => mark_admission(churn, decision, &policy, now, &state.instance),
+            None => decision,
+        }
     };
     let rule = decision.rule.as_deref().unwrap_or("none");
     let operation = decision
@@ -241,7 +250,7 @@ async fn review(
             let _held = HeldGuard::new(&state.metrics.server.held_requests);
             // Dropped unfinished (the client went away, the deadline passed, the drain
             // ended): the slot is given back for the next request.
-            let mut slot = HeldSlot::new(state, &request, &decision, &policy, *until);
+            let mut slot = HeldSlot::new(state, churn, &decision, &policy, *until);
             tokio::time::sleep(wait).await;
             slot.finished();
             state
@@ -416,7 +425,7 @@ struct HeldCharge {
 impl<'a> HeldSlot<'a> {
     fn new(
         state: &'a AppState,
-        request: &AdmissionRequest<DynamicObject>,
+        churn: Option<&ChurnRequest>,
         decision: &Decision,
         policy: &Policy,
         slot: Millis,
@@ -425,13 +434,13 @@ impl<'a> HeldSlot<'a> {
             .rule
             .as_ref()
             .and_then(|name| policy.rules.iter().find(|r| &r.name == name));
-        let charge = match (classify(request), rule) {
-            (Classified::Churn(churn), Some(rule)) if !churn.dry_run => Some(HeldCharge {
+        let charge = match (churn, rule) {
+            (Some(churn), Some(rule)) if !churn.dry_run => Some(HeldCharge {
                 rule: rule.name.clone(),
                 limits: rule.limits.clone(),
-                namespace: churn.namespace,
-                owner: churn.controller_uid,
-                identity: churn.identity,
+                namespace: churn.namespace.clone(),
+                owner: churn.controller_uid.clone(),
+                identity: churn.identity.clone(),
                 cost: churn.cost,
                 slot,
             }),

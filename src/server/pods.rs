@@ -11,7 +11,7 @@
 //! [`verify`] is the pure rule; [`PodCache`] holds the store and whether it has synced;
 //! [`run`] is the shell that feeds it from the API server.
 
-use crate::admission::{classify, Classified};
+use crate::admission::ChurnRequest;
 use crate::policy::ChurnKind;
 use crate::server::state::AppState;
 use crate::shared::KubeClient;
@@ -142,15 +142,20 @@ impl PodCache {
         Ok(())
     }
 
-    /// The check for a review: only pod DELETEs and evictions are looked up.
-    pub fn check(&self, request: &AdmissionRequest<DynamicObject>) -> Check {
+    /// The check for a review (`churn`: its classification, None when it passes
+    /// unclassified): only pod DELETEs and evictions are looked up.
+    pub fn check(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        churn: Option<&ChurnRequest>,
+    ) -> Check {
         if !request.resource.group.is_empty() || request.resource.resource != "pods" {
             return Check::Decide;
         }
         if self.store.get().is_none() || !self.synced() {
             return Check::Decide;
         }
-        let Classified::Churn(churn) = classify(request) else {
+        let Some(churn) = churn else {
             return Check::Decide;
         };
         let claimed = request
