@@ -240,8 +240,9 @@ impl Releaser {
                 );
             }
         }
-        let plan = charge(order, &mut limiter, &mut self.cursor);
-        (plan, seeded)
+        let charged = charge(order, &mut limiter, &mut self.cursor);
+        drop(limiter);
+        (charged.into_plan(), seeded)
     }
 
     /// The patches of a plan: lift the gate of each release, mark pods ungated elsewhere.

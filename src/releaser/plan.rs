@@ -107,7 +107,7 @@ pub struct Inputs<'a> {
 /// Decides this round's releases and charges each in `limiter` at `now`:
 /// [`order`] then [`charge`].
 pub fn plan(inputs: &Inputs<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> Plan {
-    charge(order(inputs, cursor), limiter, cursor)
+    charge(order(inputs, cursor), limiter, cursor).into_plan()
 }
 
 /// The queue in release order, before any window is asked: the orphans oldest first,
@@ -155,9 +155,27 @@ pub fn order<'a>(inputs: &'a Inputs<'a>, cursor: &Cursor) -> Order<'a> {
     }
 }
 
+/// A round charged, before what still waits is described ([`RoundCharged::into_plan`], which
+/// needs no limiter either).
+pub struct RoundCharged<'a> {
+    plan: Plan,
+    left: Vec<(RuleLanes<'a>, Option<Blocked>)>,
+}
+
+impl RoundCharged<'_> {
+    /// The plan, with what still waits per rule and namespace.
+    pub fn into_plan(self) -> Plan {
+        let mut plan = self.plan;
+        for (lanes, readiness) in &self.left {
+            describe_waiting(lanes, *readiness, &mut plan);
+        }
+        plan
+    }
+}
+
 /// Runs the round on `order`: orphans go at once, then each rule's lanes in turn while
 /// its windows have room, each release charged in `limiter` at `now`.
-pub fn charge(order: Order<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> Plan {
+pub fn charge<'a>(order: Order<'a>, limiter: &mut Limiter, cursor: &mut Cursor) -> RoundCharged<'a> {
     let inputs = order.inputs;
     let now = inputs.now;
     let mut out = Plan::default();
@@ -173,10 +191,12 @@ pub fn charge(order: Order<'_>, limiter: &mut Limiter, cursor: &mut Cursor) -> P
             waited_ms: now.saturating_sub(inputs.queue[index].created),
         });
     }
-    for lanes in order.rules {
-        plan_rule(lanes, inputs, limiter, cursor, &mut out);
-    }
-    out
+    let left = order
+        .rules
+        .into_iter()
+        .map(|lanes| plan_rule(lanes, inputs, limiter, cursor, &mut out))
+        .collect();
+    RoundCharged { plan: out, left }
 }
 
 /// This round's releases of one rule, as the shared release order makes them: each one
@@ -216,17 +236,16 @@ impl Releases for Round<'_, '_> {
     }
 }
 
-fn plan_rule(
-    RuleLanes {
-        rule,
-        names,
-        mut lanes,
-    }: RuleLanes<'_>,
+/// One rule's round; returns its lanes as the round left them, and whether maxNotReady
+/// stopped it.
+fn plan_rule<'a>(
+    mut lanes: RuleLanes<'a>,
     inputs: &Inputs<'_>,
     limiter: &mut Limiter,
     cursor: &mut Cursor,
     out: &mut Plan,
-) {
+) -> (RuleLanes<'a>, Option<Blocked>) {
+    let rule = lanes.rule;
     let queue = inputs.queue;
     let now = inputs.now;
     let mut round = Round {
@@ -238,7 +257,14 @@ fn plan_rule(
         out,
     };
     let end = serve_round(
-        rule, &names, &mut lanes, queue, limiter, cursor, now, &mut round,
+        rule,
+        &lanes.names,
+        &mut lanes.lanes,
+        queue,
+        limiter,
+        cursor,
+        now,
+        &mut round,
     );
     let not_ready = round.not_ready;
     if let Some(wake) = end.wake_at {
@@ -248,15 +274,13 @@ fn plan_rule(
         not_ready,
         max: rule.max_not_ready.unwrap_or(0),
     });
-    describe_waiting(rule, &names, &lanes, readiness, out);
+    (lanes, readiness)
 }
 
 /// What still waits per namespace; `readiness` when maxNotReady stopped the round. When
 /// they go is estimated apart, for the pods an Event speaks of (crate::queue::estimate).
 fn describe_waiting(
-    rule: &Rule,
-    names: &[&str],
-    lanes: &[Vec<usize>],
+    RuleLanes { rule, names, lanes }: &RuleLanes<'_>,
     readiness: Option<Blocked>,
     out: &mut Plan,
 ) {
