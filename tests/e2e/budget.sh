@@ -23,35 +23,23 @@
 # Environment: CHURN_THROTTLER_BIN and REVIEW_LOAD_BIN (skip `cargo build`), E2E_BIN
 # (cluster binaries), BUDGET_E2E_KEEP=1 (keep the work dir).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite budget BUDGET_E2E_KEEP --keep-on-error --quiet-down
 
 timeout=120
-passed=0
-failed=0
 EVENTS=30
 GATE_EVENTS=20
 WINDOW_S=5
 
-say() { echo "budget: $*"; }
-now_ms() { date +%s%3N; }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "budget: FAIL: $*" >&2; }
-finish() { echo "budget: $passed passed, $failed failed"; (( failed == 0 )); }
-die() {
-  bad "$*"
-  for f in "${W:-/nonexistent}"/serve-*.log; do
-    [[ -f "$f" ]] && { echo "----- tail $f -----" >&2; tail -n 15 "$f" >&2; }
-  done
-  finish
-  exit 1
-}
+e2e_die_logs() { e2e_tail_logs 15 'serve-*.log'; }
 
-# ---- build -------------------------------------------------------------------
+# ---- build: churn-throttler and the load client --------------------------------------
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 if [[ -z "${CHURN_THROTTLER_BIN:-}" || -z "${REVIEW_LOAD_BIN:-}" ]]; then
   (cd "$root" && cargo build --quiet --bin churn-throttler --example review_load) || die "cargo build failed"
@@ -59,45 +47,16 @@ if [[ -z "${CHURN_THROTTLER_BIN:-}" || -z "${REVIEW_LOAD_BIN:-}" ]]; then
   REVIEW_LOAD_BIN="$target_dir/debug/examples/review_load"
 fi
 [[ -x "$CHURN_THROTTLER_BIN" && -x "$REVIEW_LOAD_BIN" ]] || die "no binaries at $CHURN_THROTTLER_BIN / $REVIEW_LOAD_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
+e2e_cluster_bins
 
-W="$(mktemp -d /tmp/budget-e2e.XXXXXX)"
-declare -A PROC=()
+# On exit, before the replicas: the API server resumed if frozen, the monitor stopped.
 MONITOR_PID=""
 FROZEN=0
-
-stop_proc() {
-  local pid="$1" sig="${2:-TERM}"
-  kill -"$sig" "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
+e2e_before_cleanup() {
+  if [[ "$FROZEN" == 1 ]]; then kill -CONT "$APISERVER_PID" 2>/dev/null; fi
+  if [[ -n "$MONITOR_PID" ]]; then stop_proc "$MONITOR_PID"; fi
 }
-cleanup() {
-  local rc=$?
-  [[ "$FROZEN" == 1 ]] && kill -CONT "$APISERVER_PID" 2>/dev/null
-  [[ -n "$MONITOR_PID" ]] && stop_proc "$MONITOR_PID"
-  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
-  cluster_down "$W" >/dev/null 2>&1 || true
-  if [[ "${BUDGET_E2E_KEEP:-0}" == 1 || $rc -ne 0 ]]; then
-    echo "budget: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
+e2e_workdir   # W; PROC's processes stopped on exit
 
 # ---- cluster, namespace, ServiceAccount, RBAC ------------------------------------
 cluster_up "$W" 1 >"$W/cluster-up.log" 2>&1 || { cat "$W/cluster-up.log" >&2; die "cluster up failed"; }
@@ -284,4 +243,4 @@ while read -r verdict what; do
   esac
 done < <(grep -E '^(PASS|FAIL) ' "$W/report.txt")
 grep -q '^PASS ' "$W/report.txt" || bad "the report has no PASS verdict"
-finish
+e2e_finish

@@ -19,40 +19,26 @@
 #              window (10 s), the forgeries are counted as unverified, the real one charged.
 # Environment: E2E_BIN, CHURN_THROTTLER_BIN, FORGED_COUNT (2000), FORGED_KEEP=1 (keep the
 # work dir). Last line: `forged: N passed, M failed`.
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite forged FORGED_KEEP
 
 COUNT="${FORGED_COUNT:-2000}"
 WINDOW_S=10
 CONTROLLER=system:serviceaccount:kube-system:replicaset-controller
 timeout=180
-passed=0
-failed=0
-say() { echo "forged: $*"; }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "forged: FAIL: $*" >&2; }
-die() {
-  bad "$*"
-  [[ -f "${W:-/nonexistent}/serve.log" ]] && { echo "----- tail serve.log -----" >&2; tail -n 20 "$W/serve.log" >&2; }
-  echo "forged: $passed passed, $failed failed"
-  exit 1
-}
 
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet --bin churn-throttler) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
+e2e_die_logs() { e2e_tail_log 20 serve.log; }
 
-W="$(mktemp -d /tmp/forged-e2e.XXXXXX)"
+E2E_CARGO_ARGS=(--bin churn-throttler)   # the server alone
+e2e_build
+
+# Each stage's `serve`: TERM, up to 10 s, KILL, reaped; also on exit, before the cluster.
 SERVE_PID=""
 stop_serve() {
   [[ -n "$SERVE_PID" ]] || return 0
@@ -62,28 +48,8 @@ stop_serve() {
   wait "$SERVE_PID" 2>/dev/null || true
   SERVE_PID=""
 }
-cleanup() {
-  local rc=$?
-  stop_serve
-  cluster_down "$W" || true
-  if [[ "${FORGED_KEEP:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
-    echo "forged: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
-now_ms() { date +%s%3N; }
+e2e_before_cleanup() { stop_serve; }
+e2e_workdir
 
 # The built-in policy with plain windows (burst = events); see stage off above.
 "$CHURN_THROTTLER_BIN" default-policy \
@@ -225,5 +191,4 @@ if [[ "$on_charged" == 1 ]]; then
 else
   bad "controller-deletes charged $on_charged allowed deletions, want 1 (the real one only)"
 fi
-say "$passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish

@@ -19,12 +19,14 @@
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
 # MAXU_E2E_KEEP=1 (keep the work dir), MAXU_E2E_TIMEOUT (s per wait, default 180).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite maxunavailable MAXU_E2E_KEEP
 
 timeout="${MAXU_E2E_TIMEOUT:-180}"
 LIMIT=10        # partition steps per 10 s
@@ -38,59 +40,19 @@ NS=mu
 OPTIN=churn-throttler.io/enabled
 SA_USER=system:serviceaccount:churn-throttler:churn-throttler
 GATES="--feature-gates=MaxUnavailableStatefulSet=true"
-passed=0
-failed=0
 
-say() { echo "maxunavailable: $*"; }
-now_ms() { date +%s%3N; }
-secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "maxunavailable: FAIL: $*" >&2; }
-die() {
-  bad "$*"
-  [[ -f "${W:-/nonexistent}/serve.log" ]] && { echo "----- tail serve.log -----" >&2; tail -n 15 "$W/serve.log" >&2; }
-  echo "maxunavailable: $passed passed, $failed failed"
-  exit 1
-}
-
-# ---- build -------------------------------------------------------------------
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
-
-W="$(mktemp -d /tmp/maxunavailable-e2e.XXXXXX)"
+e2e_die_logs() { e2e_tail_log 15 serve.log; }
+# The one `serve` is stopped with TERM and waited for (no KILL), before the cluster.
 SERVE_PID=""
-cleanup() {
-  local rc=$?
+e2e_before_cleanup() {
   if [[ -n "$SERVE_PID" ]]; then
     kill "$SERVE_PID" 2>/dev/null || true
     wait "$SERVE_PID" 2>/dev/null || true
   fi
-  cluster_down "$W" || true
-  if [[ "${MAXU_E2E_KEEP:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
-    echo "maxunavailable: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
-# wait_for DESC CMD...: poll CMD every 0.2 s until it succeeds or $timeout passes.
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
+e2e_build
+e2e_workdir
 
 # ---- cluster with the feature gate and an audit log -------------------------------
 mkdir -p "$W/logs"
@@ -326,5 +288,4 @@ say "pods of one set deleted and not Ready again at once, most per set: $(get mo
 ideal_ms=$(( ( (STEPS + GATE_LIMIT - 1) / GATE_LIMIT - 1 ) * WINDOW_S * 1000 ))
 say "makespan: $(secs "$makespan_ms") s for $STEPS pods; the gate's $GATE_LIMIT per ${WINDOW_S} s alone (first window at once) $(secs "$ideal_ms") s"
 say "logs and audit: $W (kept with MAXU_E2E_KEEP=1)"
-echo "maxunavailable: $passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish

@@ -23,12 +23,14 @@
 # PARTITION_E2E_LIMIT (steps per 10 s, default 10), PARTITION_E2E_NAMESPACES (4),
 # PARTITION_E2E_PER_NS (5).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite partition PARTITION_E2E_KEEP
 
 timeout="${PARTITION_E2E_TIMEOUT:-240}"
 LIMIT="${PARTITION_E2E_LIMIT:-10}"
@@ -40,66 +42,12 @@ STS=$((NAMESPACES * PER_NS))
 STEPS=$((STS * REPLICAS))
 OPTIN=churn-throttler.io/enabled
 SA_USER=system:serviceaccount:churn-throttler:churn-throttler
-passed=0
-failed=0
 
-say() { echo "partition: $*"; }
-now_ms() { date +%s%3N; }
-secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "partition: FAIL: $*" >&2; }
-die() {
-  bad "$*"
-  for f in "${W:-/nonexistent}"/replica-*.log; do
-    [[ -f "$f" ]] && { echo "----- tail $f -----" >&2; tail -n 15 "$f" >&2; }
-  done
-  echo "partition: $passed passed, $failed failed"
-  exit 1
-}
+e2e_die_logs() { e2e_tail_logs 15 'replica-*.log'; }
 py() { python3 "$here/partition_report.py" "$@"; }
 
-# ---- build -------------------------------------------------------------------
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
-
-W="$(mktemp -d /tmp/partition-e2e.XXXXXX)"
-declare -A PROC=()   # process name -> pid
-
-stop_proc() {
-  local pid="$1" sig="${2:-TERM}"
-  kill -"$sig" "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local rc=$?
-  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
-  cluster_down "$W" || true
-  if [[ "${PARTITION_E2E_KEEP:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
-    echo "partition: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# wait_for DESC CMD...: poll CMD every 0.2 s until it succeeds or $timeout passes.
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
+e2e_build
+e2e_workdir   # W; PROC's processes stopped on exit
 
 # ---- cluster with an audit log (exact request times on the API server) ---------------
 mkdir -p "$W/logs"
@@ -367,7 +315,8 @@ start_replica a2 releaser-a "127.0.0.1:$WH_PORT"   # the webhook is back; releas
 wait_for "$((2 * STEPS / 3)) steps" at_least_steps $((2 * STEPS / 3))
 keep_scrape b
 t_restart=$(now_ms)
-kill -KILL "${PROC[b]}"; wait "${PROC[b]}" 2>/dev/null || true; unset 'PROC[b]'
+# shellcheck disable=SC2031  # "b" is a key of the associative array PROC, not cluster.sh's loop variable
+{ kill -KILL "${PROC[b]}"; wait "${PROC[b]}" 2>/dev/null || true; unset 'PROC[b]'; }
 start_replica b2 releaser-b "127.0.0.1:0"
 say "releaser-b (leader) killed and restarted in $(( $(now_ms) - t_restart )) ms"
 
@@ -481,5 +430,4 @@ else
   bad "tests/argocd/check.sh --print failed: $(tail -3 "$W/argocd.err")"
 fi
 say "logs and audit: $W (kept with PARTITION_E2E_KEEP=1)"
-echo "partition: $passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish

@@ -19,81 +19,33 @@
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
 # RELEASER_E2E_KEEP=1 (keep the work dir), RELEASER_E2E_TIMEOUT (s per wait, default 240).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite releaser-e2e RELEASER_E2E_KEEP --keep-on-error
 
 timeout="${RELEASER_E2E_TIMEOUT:-240}"
-passed=0
-failed=0
 RULE_EVENTS=5
 RULE_WINDOW_MS=10000
 NAMESPACES=(team-a team-b team-c)
 PER_NS=15
 TOTAL=$(( ${#NAMESPACES[@]} * PER_NS ))
 
-say() { echo "releaser-e2e: $*"; }
-now_ms() { date +%s%3N; }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "releaser-e2e: FAIL: $*" >&2; }
-die() {
-  bad "$*"
-  for f in "${W:-/nonexistent}"/releaser-*.log; do
-    [[ -f "$f" ]] && { echo "----- tail $f -----" >&2; tail -n 20 "$f" >&2; }
-  done
-  echo "releaser-e2e: $passed passed, $failed failed"
-  exit 1
-}
-
-# ---- build -------------------------------------------------------------------
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
-
-W="$(mktemp -d /tmp/releaser-e2e.XXXXXX)"
-declare -A PROC=()   # process name -> pid
+e2e_die_logs() { e2e_tail_logs 20 'releaser-*.log'; }
+# On exit, before the replicas: the API server resumed if frozen, the monitor stopped.
 MONITOR_PID=""
 OUTAGE=0
+e2e_before_cleanup() {
+  if [[ "$OUTAGE" == 1 ]]; then kill -CONT "$APISERVER_PID" 2>/dev/null; fi
+  if [[ -n "$MONITOR_PID" ]]; then stop_proc "$MONITOR_PID"; fi
+}
 
-stop_proc() {
-  local pid="$1" sig="${2:-TERM}"
-  kill -"$sig" "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local rc=$?
-  [[ "$OUTAGE" == 1 ]] && kill -CONT "$APISERVER_PID" 2>/dev/null
-  [[ -n "$MONITOR_PID" ]] && stop_proc "$MONITOR_PID"
-  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
-  cluster_down "$W" || true
-  if [[ "${RELEASER_E2E_KEEP:-0}" == 1 || $rc -ne 0 ]]; then
-    echo "releaser-e2e: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# wait_for DESC CMD...: poll CMD every 0.2 s until it succeeds or $timeout passes.
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
+e2e_build
+e2e_workdir   # W; PROC's processes stopped on exit
 
 # ---- cluster, namespace, ServiceAccount, RBAC ------------------------------------
 cluster_up "$W" 3 || die "cluster up failed"
@@ -434,5 +386,4 @@ sys.exit(0 if isinstance(s, int) and e and 1 <= e[0] and e[0] <= s <= e[1] and (
   && ok "the restarted leader rebuilt its queue ($(get seed_gated) gated) and seeded its windows with $(get seeded) releases, as many as the released-at stamps in the window before it ($(get seed_expected), logged $(get seed_after_restart_ms) ms after the restart)" \
   || bad "the restarted leader seeded $(get seeded) releases; the released-at stamps in the window before its start-up line: $(get seed_expected) (gated: $(get seed_gated))"
 say "logs: $W/releaser-*.log, samples: $W/monitor.log"
-echo "releaser-e2e: $passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish

@@ -59,12 +59,14 @@
 # the default 20 the StatefulSet controller's own client limits a 100-set rollout, see
 # run.sh's E2E_KCM_QPS).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite slowpods SLOWPODS_E2E_KEEP --poll 0.5
 
 timeout="${SLOWPODS_E2E_TIMEOUT:-240}"
 ROLLOUT_TIMEOUT="${SLOWPODS_E2E_ROLLOUT_TIMEOUT:-600}"
@@ -84,70 +86,16 @@ OPTIN=churn-throttler.io/enabled
 SA_USER=system:serviceaccount:churn-throttler:churn-throttler
 FREE=slow-free            # the unlabelled namespace (collateral)
 SCALE_NS=slow-scale
-passed=0
-failed=0
 t_script=$(date +%s)
 
-say() { echo "slowpods: $*"; }
-now_ms() { date +%s%3N; }
-secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "slowpods: FAIL: $*" >&2; }
 section() { say "==== $* ($(( $(date +%s) - t_script )) s)"; }
-die() {
-  bad "$*"
-  for f in "${W:-/nonexistent}"/replica-*.log; do
-    [[ -f "$f" ]] && { echo "----- tail $f -----" >&2; tail -n 15 "$f" >&2; }
-  done
-  echo "slowpods: $passed passed, $failed failed"
-  exit 1
-}
+e2e_die_logs() { e2e_tail_logs 15 'replica-*.log'; }
 py() { python3 "$here/slowpods_report.py" "$@"; }
 # awk arithmetic on figures (floats): fcheck 'EXPR' exits 0 when EXPR holds.
 fcheck() { awk "BEGIN { exit !($1) }"; }
 
-# ---- build -------------------------------------------------------------------
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
-
-W="$(mktemp -d /tmp/slowpods-e2e.XXXXXX)"
-declare -A PROC=()   # process name -> pid
-
-stop_proc() {
-  local pid="$1" sig="${2:-TERM}"
-  kill -"$sig" "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local rc=$?
-  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
-  cluster_down "$W" || true
-  if [[ "${SLOWPODS_E2E_KEEP:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
-    echo "slowpods: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# wait_for DESC CMD...: poll CMD every 0.5 s until it succeeds or $timeout passes.
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.5
-  done
-}
+e2e_build
+e2e_workdir   # W; PROC's processes stopped on exit
 
 # ---- cluster: slow Stages, an audit log ------------------------------------------------
 section "cluster"
@@ -593,5 +541,4 @@ say "scale up: all $SCALE_TO Ready $(secs "$up_ms") s after kubectl scale; bindi
 say "scale down to $REPLICAS: done $(secs "$down_ms") s after kubectl scale; $(dget deletes) deletions by the StatefulSet controller between $(dget deletes_first_s) and $(dget deletes_last_s) s, at most $(dget worst_deletes) in a ${WINDOW_S} s window (not paced by the built-in policy, by design: a figure)"
 
 say "script time $(( $(date +%s) - t_script )) s; logs and audit: $W (kept with SLOWPODS_E2E_KEEP=1)"
-echo "slowpods: $passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish

@@ -25,81 +25,31 @@
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
 # STATUS_E2E_KEEP=1 (keep the work dir), STATUS_E2E_TIMEOUT (s per wait, default 180).
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
+# shellcheck source-path=SCRIPTDIR  # lib.sh and cluster.sh, from any working directory
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-# shellcheck source=cluster.sh
-source "$here/cluster.sh"
+# shellcheck source=lib.sh
+source "$here/lib.sh"
+e2e_suite status STATUS_E2E_KEEP
 
 timeout="${STATUS_E2E_TIMEOUT:-180}"
 LIMIT=5
 WINDOW_S=10
 DEPLOY_NS=(st-a st-b st-c)
 PER_NS=10
-STS_NS=st-sts
+STS_NS="st-sts"
 SETS=5
 REPLICAS=3
 OPTIN=churn-throttler.io/enabled
 SA_USER=system:serviceaccount:churn-throttler:churn-throttler
-passed=0
-failed=0
 
-say() { echo "status: $*"; }
-now_ms() { date +%s%3N; }
-secs() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
-ok() { passed=$((passed + 1)); say "ok: $*"; }
-bad() { failed=$((failed + 1)); echo "status: FAIL: $*" >&2; }
-die() {
-  bad "$*"
-  [[ -f "${W:-/nonexistent}/serve.log" ]] && { echo "----- tail serve.log -----" >&2; tail -n 20 "$W/serve.log" >&2; }
-  echo "status: $passed passed, $failed failed"
-  exit 1
-}
+e2e_die_logs() { e2e_tail_log 20 serve.log; }
 py() { python3 "$here/status_report.py" "$@"; }
 
-# ---- build -------------------------------------------------------------------
-if [[ -z "${CHURN_THROTTLER_BIN:-}" ]]; then
-  (cd "$root" && cargo build --quiet) || die "cargo build failed"
-  CHURN_THROTTLER_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/churn-throttler"
-fi
-[[ -x "$CHURN_THROTTLER_BIN" ]] || die "no binary at $CHURN_THROTTLER_BIN"
-if [[ -z "${E2E_BIN:-}" ]]; then
-  E2E_BIN="$("$here/build-binaries.sh" | tail -n1)" || die "build-binaries.sh failed"
-fi
-export E2E_BIN
-
-W="$(mktemp -d /tmp/status-e2e.XXXXXX)"
-declare -A PROC=()   # process name -> pid
-
-stop_proc() {
-  local pid="$1" sig="${2:-TERM}"
-  kill -"$sig" "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local rc=$?
-  for name in "${!PROC[@]}"; do stop_proc "${PROC[$name]}"; done
-  cluster_down "$W" || true
-  if [[ "${STATUS_E2E_KEEP:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
-    echo "status: work dir kept: $W" >&2
-  else
-    rm -rf "$W"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# wait_for DESC CMD...: poll CMD every 0.2 s until it succeeds or $timeout passes.
-wait_for() {
-  local desc="$1"; shift
-  local start=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for: $desc"
-    sleep 0.2
-  done
-}
+e2e_build
+e2e_workdir   # W; PROC's processes stopped on exit
 
 # ---- cluster, install, identities ----------------------------------------------------
 cluster_up "$W" 3 || die "cluster up failed"
@@ -465,5 +415,4 @@ prints="$(grep -c '^churn-throttler status at' "$W/watch.out" || true)"
   || bad "--watch: rc=$rc, $prints prints: $(tail -2 "$W/watch.out")"
 
 say "logs: $W (kept with STATUS_E2E_KEEP=1)"
-echo "status: $passed passed, $failed failed"
-(( failed == 0 ))
+e2e_finish
