@@ -33,7 +33,7 @@ WINDOW_S=10
 CONTROLLER=system:serviceaccount:kube-system:replicaset-controller
 timeout=180
 
-e2e_die_logs() { e2e_tail_log 20 serve.log; }
+e2e_die_logs() { e2e_tail_logs 20 'serve-*.log'; }
 
 E2E_CARGO_ARGS=(--bin churn-throttler)   # the server alone
 e2e_build
