@@ -175,7 +175,11 @@ impl RoundCharged<'_> {
 
 /// Runs the round on `order`: orphans go at once, then each rule's lanes in turn while
 /// its windows have room, each release charged in `limiter` at `now`.
-pub fn charge<'a>(order: Order<'a>, limiter: &mut Limiter, cursor: &mut Cursor) -> RoundCharged<'a> {
+pub fn charge<'a>(
+    order: Order<'a>,
+    limiter: &mut Limiter,
+    cursor: &mut Cursor,
+) -> RoundCharged<'a> {
     let inputs = order.inputs;
     let now = inputs.now;
     let mut out = Plan::default();
