@@ -102,25 +102,14 @@ pub fn decide(
     limiter: &mut Limiter,
     now: Millis,
 ) -> Decision {
-    decide_queued(req, endpoint, policy, limiter, None, now)
+    decide_classified(&classify(req), endpoint, policy, limiter, None, now)
 }
 
-/// [`decide`], knowing the gate queue (`queue`: what the leading releaser in this process
-/// saw in its last round), so a gated pod is told when it goes behind the pods already
-/// waiting, not only when the windows next have room.
-pub fn decide_queued(
-    req: &AdmissionRequest<DynamicObject>,
-    endpoint: Endpoint,
-    policy: &Policy,
-    limiter: &mut Limiter,
-    queue: Option<&Snapshot>,
-    now: Millis,
-) -> Decision {
-    decide_classified(&classify(req), endpoint, policy, limiter, queue, now)
-}
-
-/// [`decide_queued`] for a request the caller has classified already (the server does
-/// once, and uses the result for its pod check and a hold's slot too).
+/// [`decide`] for a request the caller has classified already (the server does once, and
+/// uses the result for its pod check and a hold's slot too), knowing the gate queue
+/// (`queue`: what the leading releaser in this process saw in its last round), so a gated
+/// pod is told when it goes behind the pods already waiting, not only when the windows
+/// next have room.
 pub fn decide_classified(
     classified: &Classified,
     endpoint: Endpoint,

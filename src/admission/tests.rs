@@ -782,8 +782,8 @@ fn table_of_gate_warnings() {
         for _ in 0..2 {
             limiter.record(&rule.name, &rule.limits, "x", None, now - 1_000, 1);
         }
-        let decision = decide_queued(
-            &req,
+        let decision = decide_classified(
+            &classify(&req),
             Endpoint::Mutate,
             &policy,
             &mut limiter,
