@@ -210,7 +210,7 @@ impl Releaser {
         not_ready: &HashMap<String, u32>,
         now: Millis,
     ) -> (Plan, usize) {
-        let to_seed = to_seed(
+        let seeds = to_seed(
             policy,
             &pods.released,
             &self.charged,
@@ -224,9 +224,9 @@ impl Releaser {
             now,
             max_releases: MAX_RELEASES_PER_ROUND,
         };
-        let order = order(&inputs, &self.cursor);
+        let ordered = order(&inputs, &self.cursor);
         let mut limiter = self.ctx.limiter();
-        let seeded = record_seeds(&mut limiter, &to_seed, &mut self.charged);
+        let seeded = record_seeds(&mut limiter, &seeds, &mut self.charged);
         // Pods un-gated by hand are counted now, before anything else is planned.
         for (pod, _) in &pods.ungated {
             if let Some(rule) = gate_rule(policy, &pod.rule) {
@@ -240,7 +240,7 @@ impl Releaser {
                 );
             }
         }
-        let charged = charge(order, &mut limiter, &mut self.cursor);
+        let charged = charge(ordered, &mut limiter, &mut self.cursor);
         drop(limiter);
         (charged.into_plan(), seeded)
     }
