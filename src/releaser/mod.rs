@@ -1,10 +1,17 @@
-//! The gate releaser: lifts churn-throttler's scheduling gate at each rule's rate.
-//! `plan` and `pods` are pure; `lease` and `controller` talk to the API server.
+//! The releasers, run inside `serve` on every replica; a Lease (`lease`) picks the one
+//! that acts. The gate releaser (`controller`, plan in `plan`, pod reading and patches in
+//! `pods`) lifts churn-throttler's scheduling gate at each gate rule's rate; the partition
+//! releaser (`partition`, plan in `partition_plan` with `partition_windows` and
+//! `released_pods`, StatefulSet reading and patches in `statefulsets`) steps held
+//! StatefulSet rollouts down at each partition rule's rate. Both run on one shell
+//! (`shell`: watch, rounds, patches with their error classes and back-off, Events,
+//! gauges). The plans are pure; the shells talk to the API server.
 //!
-//! It runs inside `serve` on every replica; a Lease picks the one that releases. All
-//! of its state lives on the pods (the gate, the `churn-throttler.io/gated` label, the
-//! gated-by and released-at annotations), so a restart or a failover loses nothing.
-//! User-facing documentation: docs/releaser.md.
+//! All of their state lives on the objects (the gate, the `churn-throttler.io/gated`
+//! label, the gated-by and released-at annotations on pods; the partition-target,
+//! partition-held and partition-stepped-at annotations on StatefulSets, named in
+//! `crate::names`), so a restart or a failover loses nothing.
+//! User-facing documentation: docs/releaser.md and docs/partition.md.
 
 pub mod controller;
 pub mod lease;
