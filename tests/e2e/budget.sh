@@ -30,7 +30,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-e2e_suite budget BUDGET_E2E_KEEP --keep-on-error --quiet-down
+e2e_suite budget BUDGET_E2E_KEEP --quiet-down
 
 timeout=120
 EVENTS=30

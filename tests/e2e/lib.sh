@@ -20,10 +20,7 @@
 #   ... ok / bad / die / wait_for / PROC[name]=$! ...
 #   e2e_finish                               # the last line; non-zero if a check failed
 #
-# e2e_suite NAME KEEP_VAR [--keep-on-error] [--poll SECS] [--quiet-down]
-#   --keep-on-error  keep the work dir only when the suite exits non-zero; the default also
-#                    keeps it when a check failed (the same in practice: e2e_finish then
-#                    returns 1, the suite's exit code)
+# e2e_suite NAME KEEP_VAR [--poll SECS] [--quiet-down]
 #   --poll SECS      wait_for's poll interval (default 0.2)
 #   --quiet-down     cluster_down's messages on exit go to /dev/null
 #
@@ -59,10 +56,9 @@ source "$E2E_DIR/cluster.sh"
 e2e_suite() {
   E2E_NAME="$1" E2E_KEEP_VAR="$2"
   shift 2
-  E2E_KEEP_IF_FAILED=1 E2E_POLL=0.2 E2E_QUIET_DOWN=0
+  E2E_POLL=0.2 E2E_QUIET_DOWN=0
   while (( $# )); do
     case "$1" in
-      --keep-on-error) E2E_KEEP_IF_FAILED=0 ;;
       --poll) E2E_POLL="$2"; shift ;;
       --quiet-down) E2E_QUIET_DOWN=1 ;;
       *) echo "e2e_suite: unknown option $1" >&2; return 2 ;;
@@ -152,7 +148,7 @@ e2e_cleanup() {
     cluster_down "$W" || true
   fi
   # A failed run's logs (and audit log) are what there is to look at afterwards.
-  if [[ "${!E2E_KEEP_VAR:-0}" == 1 || $rc -ne 0 ]] || (( E2E_KEEP_IF_FAILED && failed != 0 )); then
+  if [[ "${!E2E_KEEP_VAR:-0}" == 1 || $rc -ne 0 || $failed -ne 0 ]]; then
     echo "$E2E_NAME: work dir kept: $W" >&2
   else
     rm -rf "$W"

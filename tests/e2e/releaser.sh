@@ -26,7 +26,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # shellcheck source=lib.sh
 source "$here/lib.sh"
-e2e_suite releaser-e2e RELEASER_E2E_KEEP --keep-on-error
+e2e_suite releaser-e2e RELEASER_E2E_KEEP
 
 timeout="${RELEASER_E2E_TIMEOUT:-240}"
 RULE_EVENTS=5
