@@ -7,6 +7,7 @@ use crate::names::{
     PARTITION_TARGET_ANNOTATION,
 };
 use crate::policy::ChurnKind;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::DynamicObject;
 use serde_json::Value;
@@ -38,6 +39,9 @@ pub struct StatefulSetChange {
     pub written_partition: Option<u32>,
     /// Whether `spec.updateStrategy.rollingUpdate` exists in the new object.
     pub has_rolling_update_block: bool,
+    /// Pods the controller takes down at once in the rollout ([`max_unavailable`] of the
+    /// new object): what one partition step lets go at a time.
+    pub max_unavailable: u32,
     /// The target annotation of the old object, if a paced rollout is in progress.
     pub old_target: Option<u32>,
     pub new_target_annotation: Option<String>,
@@ -283,6 +287,10 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
         .unwrap_or(0)
         .min(old_replicas);
     let new_partition = written_partition.unwrap_or(0).min(replicas);
+    let at_once = new
+        .data
+        .pointer("/spec/updateStrategy/rollingUpdate/maxUnavailable")
+        .and_then(|v| serde_json::from_value::<IntOrString>(v.clone()).ok());
     let template_changed = templates_differ(
         old.data.pointer("/spec/template"),
         new.data.pointer("/spec/template"),
@@ -310,6 +318,7 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
             .data
             .pointer("/spec/updateStrategy/rollingUpdate")
             .is_some_and(Value::is_object),
+        max_unavailable: max_unavailable(at_once.as_ref(), replicas),
         old_target: annotation(old).and_then(|v| v.parse().ok()),
         new_target_annotation: annotation(new),
         new_held_annotation: annotation_of(new, PARTITION_HELD_ANNOTATION)
@@ -322,6 +331,27 @@ fn statefulset_update(req: &AdmissionRequest<DynamicObject>) -> Classified {
     churn.cost = statefulset_update_cost(&change);
     churn.statefulset = Some(change);
     Classified::Churn(Box::new(churn))
+}
+
+/// `rollingUpdate.maxUnavailable` as the StatefulSet controller reads it
+/// (`getStatefulSetMaxUnavailable`, k8s.io/kubernetes v1.36): 1 when absent, a
+/// percentage of `spec.replicas` rounded down, at least 1. A value the controller
+/// refuses (a string that is not a percentage, which it answers by updating nothing)
+/// reads as 1. The field exists only with the feature gate MaxUnavailableStatefulSet
+/// on (the API server drops it otherwise); a value left from a time the gate was on is
+/// ignored by the controller, which then deletes one pod at a time: the releaser's
+/// steps stay in flight (counted as "now") until their pods are deleted, so the rate
+/// holds either way.
+pub fn max_unavailable(value: Option<&IntOrString>, replicas: u32) -> u32 {
+    let scaled = match value {
+        None => 1,
+        Some(IntOrString::Int(n)) => i64::from(*n),
+        Some(IntOrString::String(s)) => match s.strip_suffix('%').map(str::parse::<i64>) {
+            Some(Ok(percent)) => percent.saturating_mul(i64::from(replicas)).div_euclid(100),
+            _ => 1,
+        },
+    };
+    u32::try_from(scaled.max(1)).unwrap_or(u32::MAX)
 }
 
 /// Semantic comparison of pod templates: the controller ignores metadata it does not

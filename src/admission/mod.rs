@@ -9,7 +9,7 @@ pub mod respond;
 
 /// Kept for src/simulate's import path only; the names live in `crate::names`.
 pub use crate::names::GATE_NAME;
-pub use classify::{classify, ChurnRequest, Classified, PassReason};
+pub use classify::{classify, max_unavailable, ChurnRequest, Classified, PassReason};
 pub use decide::{decide, decide_classified, Decision, Endpoint, Verdict};
 pub use gate::mark_admission;
 pub use partition::{plan_partition, PartitionPlan};

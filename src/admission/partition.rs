@@ -20,15 +20,26 @@ pub(super) fn decide(cx: &Cx<'_>) -> Decision {
             let message = match &verdict {
                 Verdict::HoldPartition { target, held, .. } => Some(format!(
                     "churn-throttler: rule {:?} holds this rollout's partition at {held} and lowers it \
-                     to {target} at {}, one pod at a time",
+                     to {target} at {}, {}",
                     rule.name,
-                    rate(rule)
+                    rate(rule),
+                    at_a_time(churn)
                 )),
                 _ => None,
             };
             decided(verdict, message)
         }
         None => decided(Verdict::Pass(PassReason::NoPodReleased), None),
+    }
+}
+
+/// How many pods the rollout takes down at once, in words: one per step, or up to
+/// maxUnavailable where the set asks for more (with the MaxUnavailableStatefulSet
+/// feature the API server keeps the field, and the releaser keeps that many in flight).
+fn at_a_time(churn: &ChurnRequest) -> String {
+    match churn.statefulset.as_ref().map_or(1, |c| c.max_unavailable) {
+        1 => "one pod at a time".to_string(),
+        k => format!("up to {k} pods at a time (maxUnavailable)"),
     }
 }
 

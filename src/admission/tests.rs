@@ -344,6 +344,7 @@ fn change(
         new_partition: written.unwrap_or(0).min(replicas),
         written_partition: written,
         has_rolling_update_block: true,
+        max_unavailable: 1,
         old_target: None,
         new_target_annotation: None,
         new_held_annotation: None,
@@ -500,6 +501,29 @@ fn partition_patch_applies_to_the_statefulset() {
         sts["metadata"]["annotations"]["churn-throttler.io/partition-held-since"],
         json!("1970-01-01T00:00:00.000Z")
     );
+}
+
+#[test]
+fn partition_warning_says_how_many_pods_go_at_once() {
+    let policy = policy();
+    // The fixture's set has 3 replicas; percentages round down, as the controller does.
+    let cases = [
+        (None, "one pod at a time"),
+        (Some(json!(2)), "up to 2 pods at a time"),
+        (Some(json!("34%")), "one pod at a time"),
+        (Some(json!("67%")), "up to 2 pods at a time"),
+    ];
+    for (max_unavailable, want) in cases {
+        let mut req = fixture("statefulset-template-change");
+        if let (Some(value), Some(object)) = (&max_unavailable, req.object.as_mut()) {
+            object.data["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] =
+                value.clone();
+        }
+        let decision = decide(&req, Endpoint::Mutate, &policy, &mut Limiter::new(1_000), 0);
+        assert_eq!(decision.verdict.label(), "partition", "{max_unavailable:?}");
+        let message = decision.message.unwrap_or_default();
+        assert!(message.contains(want), "{max_unavailable:?}: {message}");
+    }
 }
 
 /// Runs /mutate on `req`, applies the patch (if any) to its object, returns the result.

@@ -2,6 +2,7 @@
 //! released) and the JSON patches it writes back. Pure: objects in, plan inputs or a patch out.
 
 use super::partition_plan::{HeldSet, Record, Released};
+use crate::admission::max_unavailable;
 use crate::limiter::Millis;
 use crate::names::{
     add, annotation_path, format_times, parse_time, parse_times, pointer, PACED_BY_ANNOTATION,
@@ -11,7 +12,6 @@ use crate::names::{
 use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -110,27 +110,6 @@ pub fn view(sts: &StatefulSet) -> View {
     // The shell looks at the released pods before planning; until then they are in flight.
     held.unlooked();
     View::Held(held)
-}
-
-/// `rollingUpdate.maxUnavailable` as the StatefulSet controller reads it
-/// (`getStatefulSetMaxUnavailable`, k8s.io/kubernetes v1.36): 1 when absent, a
-/// percentage of `spec.replicas` rounded down, at least 1. A value the controller
-/// refuses (a string that is not a percentage, which it answers by updating nothing)
-/// reads as 1. The field exists only with the feature gate MaxUnavailableStatefulSet
-/// on (the API server drops it otherwise); a value left from a time the gate was on is
-/// ignored by the controller, which then deletes one pod at a time: the releaser's
-/// steps stay in flight (counted as "now") until their pods are deleted, so the rate
-/// holds either way.
-pub fn max_unavailable(value: Option<&IntOrString>, replicas: u32) -> u32 {
-    let scaled = match value {
-        None => 1,
-        Some(IntOrString::Int(n)) => i64::from(*n),
-        Some(IntOrString::String(s)) => match s.strip_suffix('%').map(str::parse::<i64>) {
-            Some(Ok(percent)) => percent.saturating_mul(i64::from(replicas)).div_euclid(100),
-            _ => 1,
-        },
-    };
-    u32::try_from(scaled.max(1)).unwrap_or(u32::MAX)
 }
 
 /// The name of the pod at `ordinal` (counted from `ordinals.start`): the pod a step to

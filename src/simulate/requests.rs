@@ -82,6 +82,8 @@ pub fn statefulset_update_request(u: &StsUpdate<'_>) -> ChurnRequest {
         new_partition,
         written_partition: u.new_partition,
         has_rolling_update_block: u.new_partition.is_some(),
+        // The simulator models maxUnavailable 1 only.
+        max_unavailable: 1,
         old_target: u.old_target,
         new_target_annotation: u.new_target.map(|t| t.to_string()),
         new_held_annotation: u.new_held,
