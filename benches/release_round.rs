@@ -9,8 +9,8 @@
 //! look again.
 
 use churn_throttler::limiter::Limiter;
+use churn_throttler::pacing::gate::{charge, order, plan, Cursor, Inputs, QueuedPod};
 use churn_throttler::policy::Policy;
-use churn_throttler::releaser::plan::{charge, order, plan, Cursor, Inputs, QueuedPod};
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use std::collections::HashMap;
 

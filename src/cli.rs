@@ -1,5 +1,10 @@
-//! The command line; every flag of `serve` can also come from the environment.
+//! The command line; every flag of `serve` can also come from the environment. The flags
+//! become the shells' plain configurations here (`ServeArgs::into_config`), so no module
+//! below the entry points knows a flag.
 
+use crate::election::{default_identity, default_namespace};
+use crate::serve;
+use crate::shared::hostname;
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -136,21 +141,6 @@ pub struct ConnectionArgs {
     pub max_metrics_connections: u32,
 }
 
-impl Default for ConnectionArgs {
-    /// The flags' defaults, for embedding `serve` (tests).
-    fn default() -> ConnectionArgs {
-        ConnectionArgs {
-            tls_handshake_timeout: std::time::Duration::from_secs(10),
-            header_read_timeout: std::time::Duration::from_secs(10),
-            body_read_timeout: std::time::Duration::from_secs(10),
-            idle_timeout: std::time::Duration::from_secs(120),
-            http2_ping_interval: std::time::Duration::from_secs(30),
-            max_connections: 1000,
-            max_metrics_connections: 64,
-        }
-    }
-}
-
 /// The global budget across webhook replicas (see docs/global-budget.md).
 #[derive(Args, Debug, Clone)]
 pub struct BudgetArgs {
@@ -166,16 +156,6 @@ pub struct BudgetArgs {
     #[arg(long, env = "CHURN_THROTTLER_MAX_REPLICAS", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_replicas: u32,
-}
-
-impl BudgetArgs {
-    /// Turned off, for embedding `serve` where no cluster is wanted (tests).
-    pub fn disabled() -> BudgetArgs {
-        BudgetArgs {
-            enabled: Some(false),
-            max_replicas: 3,
-        }
-    }
 }
 
 /// The gate releaser inside `serve` (see docs/releaser.md).
@@ -201,18 +181,6 @@ pub struct ReleaserArgs {
     pub identity: Option<String>,
 }
 
-impl ReleaserArgs {
-    /// Turned off, for embedding `serve` where no cluster is wanted (tests).
-    pub fn disabled() -> ReleaserArgs {
-        ReleaserArgs {
-            enabled: Some(false),
-            lease_name: "churn-throttler-releaser".into(),
-            lease_namespace: None,
-            identity: None,
-        }
-    }
-}
-
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     crate::policy::parse_duration(text)
 }
@@ -224,4 +192,224 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+impl ServeArgs {
+    /// The server's configuration: the flags, with the releaser and the budget resolved
+    /// from their switches, `--dev` and the environment ($POD_NAMESPACE, $POD_NAME, $POD_UID).
+    pub fn into_config(self) -> serve::Config {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let environment = Environment {
+            pod_namespace: env("POD_NAMESPACE"),
+            pod_name: env("POD_NAME"),
+            pod_uid: env("POD_UID"),
+            hostname: hostname(),
+            pid: std::process::id(),
+        };
+        let releaser = releaser_config(&self, &environment);
+        let budget = budget_config(&self, &environment);
+        let c = self.connections;
+        serve::Config {
+            policy_file: self.config,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            client_ca: self.client_ca,
+            listen: self.listen,
+            metrics_listen: self.metrics_listen,
+            dev: self.dev,
+            dev_dir: self.dev_dir,
+            pod_cache: self.pod_cache,
+            reload_interval: self.reload_interval,
+            shutdown_delay: self.shutdown_delay,
+            drain_timeout: self.drain_timeout,
+            max_body_bytes: self.max_body_bytes,
+            connections: serve::Connections {
+                tls_handshake_timeout: c.tls_handshake_timeout,
+                header_read_timeout: c.header_read_timeout,
+                body_read_timeout: c.body_read_timeout,
+                idle_timeout: c.idle_timeout,
+                http2_ping_interval: c.http2_ping_interval,
+                max_connections: c.max_connections,
+                max_metrics_connections: c.max_metrics_connections,
+            },
+            releaser,
+            budget,
+        }
+    }
+}
+
+/// What the process learns of where it runs, read once by `into_config`.
+struct Environment {
+    pod_namespace: Option<String>,
+    pod_name: Option<String>,
+    pod_uid: Option<String>,
+    hostname: Option<String>,
+    pid: u32,
+}
+
+impl Environment {
+    fn lease_namespace(&self, args: &ServeArgs) -> String {
+        default_namespace(
+            args.releaser.lease_namespace.as_deref(),
+            self.pod_namespace.as_deref(),
+        )
+    }
+
+    fn identity(&self, args: &ServeArgs) -> String {
+        default_identity(
+            args.releaser.identity.as_deref(),
+            self.pod_name.as_deref(),
+            self.hostname.as_deref(),
+            self.pid,
+        )
+    }
+}
+
+/// The releaser's configuration; None when it is turned off (`--releaser=false`, or
+/// `--dev` without an explicit `--releaser`).
+fn releaser_config(args: &ServeArgs, env: &Environment) -> Option<crate::releaser::Config> {
+    if !args.releaser.enabled.unwrap_or(!args.dev) {
+        return None;
+    }
+    Some(crate::releaser::Config::new(
+        crate::election::LeaseConfig::new(
+            args.releaser.lease_name.clone(),
+            env.lease_namespace(args),
+            env.identity(args),
+        ),
+    ))
+}
+
+/// The budget's configuration; None when it is off (`--replica-budget=false`, or `--dev`
+/// without an explicit `--replica-budget`). Namespace and identity are the releaser's
+/// (`--lease-namespace`, `--identity`).
+fn budget_config(args: &ServeArgs, env: &Environment) -> Option<crate::budget::lease::Config> {
+    if !args.budget.enabled.unwrap_or(!args.dev) {
+        return None;
+    }
+    let mut config =
+        crate::budget::lease::Config::new(env.lease_namespace(args), env.identity(args));
+    // Owned by its Pod only when the identity is the Pod's name.
+    if let (Some(pod), Some(uid)) = (&env.pod_name, &env.pod_uid) {
+        if *pod == config.identity {
+            config.owner = Some((pod.clone(), uid.clone()));
+        }
+    }
+    config.required = args.budget.enabled == Some(true);
+    config.max_replicas = args.budget.max_replicas;
+    Some(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args(extra: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let mut argv = vec!["churn-throttler", "serve"];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(&argv)?;
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        Ok(*args)
+    }
+
+    fn no_environment() -> Environment {
+        Environment {
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            hostname: Some("host".into()),
+            pid: 7,
+        }
+    }
+
+    #[test]
+    fn table_of_releaser_switches() {
+        // (case, arguments after `serve`, releaser on)
+        let cases: &[(&str, &[&str], bool)] = &[
+            ("on by default", &[], true),
+            ("off by default with --dev", &["--dev"], false),
+            ("--dev with --releaser", &["--dev", "--releaser"], true),
+            ("--releaser=false", &["--releaser=false"], false),
+            ("--releaser=true", &["--releaser=true"], true),
+            ("--dev --releaser=true", &["--dev", "--releaser=true"], true),
+        ];
+        for (name, extra, on) in cases {
+            let mut argv = vec!["--lease-name", "l", "--identity", "me"];
+            argv.extend_from_slice(extra);
+            let args = serve_args(&argv).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let config = releaser_config(&args, &no_environment());
+            assert_eq!(config.is_some(), *on, "{name}");
+            if let Some(config) = config {
+                assert_eq!(config.lease.name, "l", "{name}");
+                assert_eq!(config.lease.identity, "me", "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn table_of_budget_switches() {
+        // (case, arguments after `serve`, budget on, insists on a cluster, fallback replicas)
+        let cases: &[(&str, &[&str], bool, bool, u32)] = &[
+            ("on by default", &[], true, false, 3),
+            ("off by default with --dev", &["--dev"], false, false, 3),
+            (
+                "--dev with --replica-budget",
+                &["--dev", "--replica-budget"],
+                true,
+                true,
+                3,
+            ),
+            (
+                "--replica-budget=false",
+                &["--replica-budget=false"],
+                false,
+                false,
+                3,
+            ),
+            (
+                "--replica-budget=true",
+                &["--replica-budget=true"],
+                true,
+                true,
+                3,
+            ),
+            ("--max-replicas 5", &["--max-replicas", "5"], true, false, 5),
+        ];
+        for (name, extra, on, required, max) in cases {
+            let mut argv = vec!["--identity", "Pod_1", "--lease-namespace", "ct"];
+            argv.extend_from_slice(extra);
+            let args = serve_args(&argv).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let config = budget_config(&args, &no_environment());
+            assert_eq!(config.is_some(), *on, "{name}");
+            if let Some(config) = config {
+                assert_eq!(config.required, *required, "{name}");
+                assert_eq!(config.max_replicas, *max, "{name}");
+                assert_eq!(config.namespace, "ct", "{name}");
+                assert_eq!(config.identity, "Pod_1", "{name}");
+                assert_eq!(
+                    crate::budget::lease_name(&config.identity),
+                    "churn-throttler-replica-pod-1"
+                );
+            }
+        }
+        assert!(
+            serve_args(&["--max-replicas", "0"]).is_err(),
+            "--max-replicas 0 is refused"
+        );
+    }
+
+    #[test]
+    fn the_budget_lease_is_owned_by_its_pod_only_under_the_pods_name() {
+        let mut env = no_environment();
+        env.pod_name = Some("web-0".into());
+        env.pod_uid = Some("uid-1".into());
+        let args = serve_args(&[]).unwrap_or_else(|e| panic!("{e}"));
+        let config = budget_config(&args, &env).unwrap_or_else(|| panic!("budget on"));
+        assert_eq!(config.owner, Some(("web-0".into(), "uid-1".into())));
+        let args = serve_args(&["--identity", "other"]).unwrap_or_else(|e| panic!("{e}"));
+        let config = budget_config(&args, &env).unwrap_or_else(|| panic!("budget on"));
+        assert_eq!(config.owner, None);
+    }
 }

@@ -8,7 +8,6 @@
 //! port to agree on, and a fresh limiter every run, so what it prints is the policy's
 //! pacing and not what an earlier run left in the window.
 
-use crate::cli::{BudgetArgs, ConnectionArgs, LogFormat, ReleaserArgs, ServeArgs};
 use crate::policy::{Limit, Policy, DEFAULT_POLICY_YAML};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -208,7 +207,7 @@ async fn run(args: &DemoArgs) -> anyhow::Result<()> {
 }
 
 async fn play(args: &DemoArgs, limit: &Limit, dir: PathBuf) -> anyhow::Result<()> {
-    let running = crate::serve::start(serve_args(dir.clone())).await?;
+    let running = crate::serve::start(serve_config(dir.clone())).await?;
     let addr = running.tls_addr;
     let connector = connector(&std::fs::read(dir.join("ca.crt"))?)?;
     let sample = crate::sample::pod_delete_review();
@@ -292,25 +291,12 @@ async fn play(args: &DemoArgs, limit: &Limit, dir: PathBuf) -> anyhow::Result<()
 
 /// `serve --dev` as the demo needs it: loopback, ephemeral ports, the built-in policy,
 /// nothing that looks for a cluster.
-fn serve_args(dev_dir: PathBuf) -> ServeArgs {
-    ServeArgs {
-        config: None,
-        tls_cert: None,
-        tls_key: None,
-        client_ca: None,
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+fn serve_config(dev_dir: PathBuf) -> crate::serve::Config {
+    crate::serve::Config {
         dev: true,
-        pod_cache: Some(false),
         dev_dir,
-        reload_interval: Duration::from_secs(2),
         shutdown_delay: Duration::ZERO,
-        drain_timeout: Duration::from_secs(15),
-        max_body_bytes: 7 * 1024 * 1024,
-        log_format: LogFormat::Text,
-        connections: ConnectionArgs::default(),
-        releaser: ReleaserArgs::disabled(),
-        budget: BudgetArgs::disabled(),
+        ..crate::serve::Config::loopback()
     }
 }
 

@@ -59,7 +59,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(churn_throttler::serve::run(*args)) {
+            match runtime.block_on(churn_throttler::serve::run(args.into_config())) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("churn-throttler: {e:#}");

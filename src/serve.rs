@@ -1,6 +1,5 @@
 //! `serve`: wires the shells together and runs them until SIGTERM or SIGINT.
 
-use crate::cli::ServeArgs;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::server::reload::{self, CertFiles};
@@ -15,7 +14,88 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// What `serve` runs with, in plain values: built from the command line by `cli.rs`, or by
+/// an embedder (`demo`, tests) from [`Config::loopback`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The policy file; None: the built-in policy.
+    pub policy_file: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Clients must present a certificate this CA bundle signed.
+    pub client_ca: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// Development mode: a throw-away CA and certificate in `dev_dir`, loopback only.
+    pub dev: bool,
+    pub dev_dir: PathBuf,
+    /// The pod cache: Some(false) off, Some(true) required, None as the mode allows.
+    pub pod_cache: Option<bool>,
+    pub reload_interval: Duration,
+    pub shutdown_delay: Duration,
+    pub drain_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub connections: Connections,
+    /// None: no releaser in this process.
+    pub releaser: Option<crate::releaser::Config>,
+    /// None: no global budget (every limit enforced whole).
+    pub budget: Option<crate::budget::lease::Config>,
+}
+
+impl Config {
+    /// Both ports on 127.0.0.1 (ephemeral), the flags' defaults otherwise, and nothing
+    /// that looks for a cluster (no pod cache, releaser or budget).
+    pub fn loopback() -> Config {
+        Config {
+            policy_file: None,
+            tls_cert: None,
+            tls_key: None,
+            client_ca: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            dev: false,
+            dev_dir: PathBuf::from(".churn-throttler-dev"),
+            pod_cache: Some(false),
+            reload_interval: Duration::from_secs(2),
+            shutdown_delay: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(15),
+            max_body_bytes: 7 * 1024 * 1024,
+            connections: Connections::default(),
+            releaser: None,
+            budget: None,
+        }
+    }
+}
+
+/// Timeouts and caps of the connections on both ports (docs/operations.md, "Hostile
+/// and broken clients").
+#[derive(Debug, Clone)]
+pub struct Connections {
+    pub tls_handshake_timeout: Duration,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub http2_ping_interval: Duration,
+    pub max_connections: u32,
+    pub max_metrics_connections: u32,
+}
+
+impl Default for Connections {
+    /// The flags' defaults.
+    fn default() -> Connections {
+        Connections {
+            tls_handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            http2_ping_interval: Duration::from_secs(30),
+            max_connections: 1000,
+            max_metrics_connections: 64,
+        }
+    }
+}
+
+pub async fn run(args: Config) -> anyhow::Result<()> {
     let dev = args.dev;
     let dev_dir = args.dev_dir.clone();
     let running = start(args).await?;
@@ -53,11 +133,11 @@ impl Running {
 }
 
 /// Loads everything, binds both listeners and starts serving; errors say what is wrong.
-pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
+pub async fn start(mut args: Config) -> anyhow::Result<Running> {
     if args.dev {
         prepare_dev(&mut args)?;
     }
-    let (policy, policy_source, policy_file) = load_policy(args.config.as_deref())?;
+    let (policy, policy_source, policy_file) = load_policy(args.policy_file.as_deref())?;
     let hold_bound = hold_bound(&args, &policy, &policy_source)?;
     let tls = load_tls(&args)?;
 
@@ -132,7 +212,7 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
 /// releaser and the global budget's Lease, each as its flags say.
 fn spawn_cluster_shells(
     tasks: &mut tokio::task::JoinSet<()>,
-    args: &ServeArgs,
+    args: &Config,
     state: &Arc<AppState>,
     stop_rx: &watch::Receiver<bool>,
 ) {
@@ -143,7 +223,7 @@ fn spawn_cluster_shells(
         ),
         // --dev without the flag: only if a configuration is found, without retrying.
         wanted => {
-            tasks.spawn(server::pods::run(
+            tasks.spawn(server::pod_watch::run(
                 state.clone(),
                 kube.clone(),
                 args.dev && wanted.is_none(),
@@ -151,7 +231,7 @@ fn spawn_cluster_shells(
             ));
         }
     }
-    match crate::releaser::config_from_args(args) {
+    match &args.releaser {
         Some(config) => {
             state.set_releaser_starting();
             let ctx = crate::releaser::Context {
@@ -163,13 +243,17 @@ fn spawn_cluster_shells(
                 instance: state.instance.clone(),
                 kube: kube.clone(),
             };
-            tasks.spawn(crate::releaser::run(config, Arc::new(ctx), stop_rx.clone()));
+            tasks.spawn(crate::releaser::run(
+                config.clone(),
+                Arc::new(ctx),
+                stop_rx.clone(),
+            ));
         }
         None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
     }
-    match crate::budget::lease::config_from_args(args) {
+    match &args.budget {
         Some(config) => {
-            state.enable_budget(args.budget.max_replicas, config.duration);
+            state.enable_budget(config.max_replicas, config.duration);
             let ctx = crate::budget::lease::Context {
                 budget: state.budget_cell(),
                 policy: state.policy_cell(),
@@ -177,7 +261,7 @@ fn spawn_cluster_shells(
                 kube: kube.clone(),
             };
             tasks.spawn(crate::budget::lease::run(
-                config,
+                config.clone(),
                 Arc::new(ctx),
                 stop_rx.clone(),
             ));
@@ -190,7 +274,7 @@ fn spawn_cluster_shells(
 
 /// How long a request may be held: the drain must outlast the longest hold, or a
 /// graceful stop could not answer every held request.
-fn hold_bound(args: &ServeArgs, policy: &Policy, source: &str) -> anyhow::Result<Duration> {
+fn hold_bound(args: &Config, policy: &Policy, source: &str) -> anyhow::Result<Duration> {
     let bound = args.drain_timeout.saturating_sub(HOLD_ANSWER_MARGIN);
     let longest = crate::server::state::longest_hold(policy);
     if longest > bound {
@@ -214,7 +298,7 @@ struct Tls {
     config: Arc<rustls::ServerConfig>,
 }
 
-fn load_tls(args: &ServeArgs) -> anyhow::Result<Tls> {
+fn load_tls(args: &Config) -> anyhow::Result<Tls> {
     let (cert_path, key_path) = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => (c.clone(), k.clone()),
         _ => bail!("serve needs --tls-cert and --tls-key (or --dev for a self-signed localhost certificate)"),
@@ -249,9 +333,7 @@ const RESERVED_FDS: usize = 64;
 /// Both ports' limits from the flags; the admission port's cap is lowered to fit the
 /// open-file limit with the metrics port's cap and a reserve left over, so that a full
 /// admission port never leaves the probes without a descriptor.
-fn connection_limits(
-    args: &crate::cli::ConnectionArgs,
-) -> (server::conn::Limits, server::conn::Limits) {
+fn connection_limits(args: &Connections) -> (server::conn::Limits, server::conn::Limits) {
     let metrics_cap = args.max_metrics_connections as usize;
     let mut admission_cap = args.max_connections as usize;
     if let Some(files) = server::conn::open_file_limit() {
@@ -349,7 +431,7 @@ async fn wait_for_signal(reload_now: &tokio::sync::Notify) {
 }
 
 /// --dev: a fresh CA and localhost certificate, loopback addresses, a sample review.
-fn prepare_dev(args: &mut ServeArgs) -> anyhow::Result<()> {
+fn prepare_dev(args: &mut Config) -> anyhow::Result<()> {
     let dir = &args.dev_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let ca = certgen::new_ca("churn-throttler dev CA")?;

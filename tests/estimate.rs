@@ -1,12 +1,12 @@
 //! The release estimates (crate::queue::estimate) against the real release plan
-//! (releaser::plan::plan) driven forward on a simulated clock: for any queue, windows and
+//! (pacing::gate::plan) driven forward on a simulated clock: for any queue, windows and
 //! round-robin position, every pod is estimated at the time and in the place the plan
 //! releases it, when nothing else happens meanwhile (no new pods, every release Ready).
 
 use churn_throttler::limiter::{Limiter, Millis};
+use churn_throttler::pacing::gate::{gate_rule, plan, Inputs, MAX_RELEASES_PER_ROUND};
 use churn_throttler::policy::Policy;
 use churn_throttler::queue::{estimate, Cursor, EstimateInputs, QueuedPod, MAX_ESTIMATED};
-use churn_throttler::releaser::plan::{gate_rule, plan, Inputs, MAX_RELEASES_PER_ROUND};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;

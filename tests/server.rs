@@ -1,8 +1,7 @@
 //! The real router over real HTTPS: fixtures in, AdmissionReviews out, plus the guards,
 //! reloads, probes and metrics. Servers listen on 127.0.0.1 with port 0.
 
-use churn_throttler::cli::{LogFormat, ServeArgs};
-use churn_throttler::serve::{start, Running};
+use churn_throttler::serve::{start, Config, Running};
 use churn_throttler::server::certgen::{self, CertAuthority};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -69,25 +68,17 @@ fn write_pair(dir: &Path, ca: &CertAuthority, until: time::Duration) -> (PathBuf
     (cert, key)
 }
 
-fn args(dir: &Path) -> ServeArgs {
-    ServeArgs {
-        config: Some(dir.join("policy.yaml")),
+fn args(dir: &Path) -> Config {
+    Config {
+        policy_file: Some(dir.join("policy.yaml")),
         tls_cert: Some(dir.join("tls.crt")),
         tls_key: Some(dir.join("tls.key")),
-        client_ca: None,
-        listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
-        metrics_listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
-        dev: false,
-        pod_cache: Some(false),
         dev_dir: dir.join("dev"),
         reload_interval: Duration::from_millis(50),
         shutdown_delay: Duration::from_millis(300),
         drain_timeout: Duration::from_secs(5),
         max_body_bytes: 256 * 1024,
-        log_format: LogFormat::Text,
-        connections: churn_throttler::cli::ConnectionArgs::default(),
-        releaser: churn_throttler::cli::ReleaserArgs::disabled(),
-        budget: churn_throttler::cli::BudgetArgs::disabled(),
+        ..Config::loopback()
     }
 }
 
@@ -109,7 +100,7 @@ impl Harness {
         Self::start_with(|_| {}).await
     }
 
-    async fn start_with(adjust: impl FnOnce(&mut ServeArgs)) -> Harness {
+    async fn start_with(adjust: impl FnOnce(&mut Config)) -> Harness {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let ca = certgen::new_ca("test CA").unwrap_or_else(|e| panic!("{e}"));
         write_pair(dir.path(), &ca, time::Duration::days(1));

@@ -2,7 +2,7 @@
 //! scheduling gate, for the releaser to lift at the rate; one admitted at once is marked as
 //! released now. Pure, like the rest of the decision.
 
-use super::decide::{rate, round_up_secs, Cx, Decision, Verdict};
+use super::verdict::{rate, round_up_secs, Cx, Decision, Verdict};
 use super::ChurnRequest;
 use crate::limiter::{Limiter, Millis, Outcome};
 use crate::names::{

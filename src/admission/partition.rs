@@ -3,7 +3,7 @@
 //! step down at the rate. Pure, like the rest of the decision.
 
 use super::classify::{ChurnRequest, PassReason, StatefulSetChange};
-use super::decide::{rate, Cx, Decision, Verdict};
+use super::verdict::{rate, Cx, Decision, Verdict};
 use crate::limiter::Millis;
 use crate::names::{
     add, format_time, map_entry_ops, PACED_BY_ANNOTATION, PARTITION_HELD_ANNOTATION,

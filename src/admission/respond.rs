@@ -1,6 +1,6 @@
 //! Builds the AdmissionResponse for a decision: 429 with Retry-After, warnings, patches.
 
-use super::decide::{Decision, Verdict};
+use super::verdict::{Decision, Verdict};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use kube::core::response::StatusDetails;
 use kube::core::{DynamicObject, Status};

@@ -700,7 +700,7 @@ fn pods_admitted_at_once_by_a_gate_rule_are_marked_for_seeding() {
         pod["metadata"]["annotations"][ADMITTED_BY_ANNOTATION],
         json!("replica-a/1")
     );
-    // What the releaser reads back is checked in releaser/pods.rs, above this module.
+    // What the releaser reads back is checked in objects/pods.rs, above this module.
     // Gated pods are not marked this way, nor dry runs.
     at(1_767_225_600_001);
     assert!(matches!(

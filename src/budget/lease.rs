@@ -3,9 +3,9 @@
 //! where it is used (`AppState::decision_policy`), so a stuck loop still falls back on time.
 
 use super::{lease_name, PeerLease, Peers};
+use crate::election::{within, Failure};
 use crate::metrics::BudgetMetrics;
 use crate::names::LEASE_LABEL;
-use crate::releaser::lease::{within, Failure};
 use crate::shared::{BudgetCell, KubeClient, PolicyCell};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -33,6 +33,8 @@ pub struct Config {
     /// `--replica-budget` given explicitly: keep trying to find a cluster (fallback share
     /// meanwhile) instead of turning the budget off.
     pub required: bool,
+    /// Replicas assumed while the API server cannot be reached for longer than a lease.
+    pub max_replicas: u32,
 }
 
 impl Config {
@@ -45,37 +47,9 @@ impl Config {
             call_timeout: Duration::from_secs(2),
             owner: None,
             required: false,
+            max_replicas: 3,
         }
     }
-}
-
-/// The budget's configuration from `serve`'s flags; None when it is off (`--replica-budget=false`,
-/// or `--dev` without an explicit `--replica-budget`). Namespace and identity are the
-/// releaser's (`--lease-namespace`, `--identity`).
-pub fn config_from_args(args: &crate::cli::ServeArgs) -> Option<Config> {
-    if !args.budget.enabled.unwrap_or(!args.dev) {
-        return None;
-    }
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let namespace = crate::releaser::default_namespace(
-        args.releaser.lease_namespace.as_deref(),
-        env("POD_NAMESPACE").as_deref(),
-    );
-    let identity = crate::releaser::default_identity(
-        args.releaser.identity.as_deref(),
-        env("POD_NAME").as_deref(),
-        crate::shared::hostname().as_deref(),
-        std::process::id(),
-    );
-    let mut config = Config::new(namespace, identity);
-    // Owned by its Pod only when the identity is the Pod's name.
-    if let (Some(pod), Some(uid)) = (env("POD_NAME"), env("POD_UID")) {
-        if pod == config.identity {
-            config.owner = Some((pod, uid));
-        }
-    }
-    config.required = args.budget.enabled == Some(true);
-    Some(config)
 }
 
 /// What the budget lease uses of the process, built by `serve`: the count it writes, and

@@ -3,14 +3,14 @@
 //! pod's service account; `--context`), every call bounded in time, and every failure as
 //! one line saying what to do.
 
-use super::sets::StepPod;
+use super::report::StepPod;
 use super::ClusterArgs;
 use crate::limiter::Millis;
 use crate::names::GATED_LABEL;
-use crate::policy::{Policy, DEFAULT_POLICY_YAML};
-use crate::releaser::statefulsets::{
+use crate::objects::statefulsets::{
     deleted_by, pod_progress, released_pod_name, update_revision, view, View,
 };
+use crate::policy::{Policy, DEFAULT_POLICY_YAML};
 use crate::shared::now_millis;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;

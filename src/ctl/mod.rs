@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod model;
 pub mod release;
 pub mod render;
+pub mod report;
 pub mod sets;
 pub mod wait;
 
@@ -246,7 +247,7 @@ async fn status(args: &StatusArgs) -> Result<u8, CtlError> {
             "{}/{}",
             args.cluster.lease_namespace, args.cluster.lease_name
         );
-        let mut report = model::build(&model::Cluster {
+        let mut report = model::build(&report::Cluster {
             policy: &read.policy,
             policy_source: &read.policy_source,
             pods: &read.pods,
@@ -284,7 +285,7 @@ async fn status(args: &StatusArgs) -> Result<u8, CtlError> {
 }
 
 /// The report of one StatefulSet: its row and its gated pods (NAME-<ordinal>).
-fn only_statefulset(report: &mut model::Report, name: &str) {
+fn only_statefulset(report: &mut report::Report, name: &str) {
     report.held_stateful_sets.retain(|s| s.name == name);
     let prefix = format!("{name}-");
     report.gated_pods.retain(|p| {

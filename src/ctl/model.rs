@@ -3,213 +3,30 @@
 //! out (its JSON is the documented schema of `status -o json`, README "See the queue").
 //!
 //! The windows are rebuilt exactly as a new leader rebuilds its own: gate rules from the
-//! `released-at` of the pods still labelled released (`releaser::plan::seed`), partition
+//! `released-at` of the pods still labelled released (`pacing::gate::seed`), partition
 //! rules from `partition-stepped-at` and the pod each held set's last step released
-//! (`releaser::partition_plan::plan_steps`). The releaser's round-robin position, which it
+//! (`pacing::partition::plan_steps`). The releaser's round-robin position, which it
 //! keeps in memory, is read back from the last release each rule made. The gated pods'
 //! places and times come from `crate::queue::estimate`, the estimate the webhook and the
 //! releaser's Events use.
 
-use super::sets::{held_part, StepPod};
+use super::report::{
+    fullest_window, rule_line, seconds_until, Cluster, GatedPod, Leader, Report, RuleStatus,
+    API_VERSION, KIND,
+};
+use super::sets::held_part;
 use crate::limiter::{Limiter, Millis};
 use crate::names::format_time;
-use crate::policy::{Action, Limit, Policy, Rule, Scope};
+use crate::objects::pods::{view, View};
+use crate::pacing::gate::{not_ready_by_rule, seed, Charged, ReleasedPod};
+use crate::policy::{Action, Policy};
 use crate::queue::{estimate, gate_rule, Cursor, EstimateInputs, QueuedPod, MAX_ESTIMATED};
-use crate::releaser::plan::{not_ready_by_rule, seed, Charged, ReleasedPod};
-use crate::releaser::pods::{view, View};
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub const API_VERSION: &str = "churn-throttler.io/v1";
-pub const KIND: &str = "Status";
-
 /// Never the `admitted-by` of a real process: every release the cluster records is seeded.
 const NOBODY: &str = "churn-throttler status (reads only)";
-
-/// What `status` read from the cluster.
-pub struct Cluster<'a> {
-    pub policy: &'a Policy,
-    /// Where the policy came from, in words.
-    pub policy_source: &'a str,
-    /// The pods labelled `churn-throttler.io/gated`, every namespace.
-    pub pods: &'a [Pod],
-    /// Every StatefulSet.
-    pub sets: &'a [StatefulSet],
-    /// Per held set (uid): what the pod its last step released showed.
-    pub steps: &'a HashMap<String, StepPod>,
-    pub lease: Option<&'a Lease>,
-    /// namespace/name of the Lease.
-    pub lease_name: &'a str,
-    /// Only this namespace's pods and sets are listed (the estimates count every one).
-    pub namespace: Option<&'a str>,
-    pub now: Millis,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Report {
-    pub api_version: &'static str,
-    pub kind: &'static str,
-    pub time: String,
-    /// The namespace listed; null: every namespace.
-    pub namespace: Option<String>,
-    /// Where the policy was read from.
-    pub policy: String,
-    /// The releaser's Lease; null when it does not exist.
-    pub leader: Option<Leader>,
-    pub rules: Vec<RuleStatus>,
-    pub gated_pods: Vec<GatedPod>,
-    pub held_stateful_sets: Vec<HeldStatefulSet>,
-    pub notes: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Leader {
-    /// namespace/name of the Lease.
-    pub lease: String,
-    pub holder: Option<String>,
-    pub renew_time: Option<String>,
-    pub renewed_seconds_ago: Option<f64>,
-    pub lease_duration_seconds: Option<i32>,
-    /// No renewal within the lease's duration: nobody releases until a replica takes it.
-    pub expired: bool,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleStatus {
-    pub name: String,
-    /// gate or partition.
-    pub action: &'static str,
-    /// The limits, as the policy says them (e.g. "5 per 10s (global)").
-    pub limit: String,
-    /// Events (releases or steps) in the current window of the fullest bucket of the
-    /// rule's first limit, and that limit's events and window.
-    pub window_events: u32,
-    pub window_limit: u32,
-    pub window_seconds: f64,
-    /// Between consecutive events after the burst; null for a plain window.
-    pub spacing_seconds: Option<f64>,
-    /// When one more event fits the windows (for a namespace or owner with nothing in its
-    /// own window).
-    pub next_free_slot: String,
-    pub next_free_in_seconds: f64,
-    /// Gated pods, or held StatefulSets, waiting for the rule in the whole cluster.
-    pub waiting: usize,
-    /// Partition rules: pods the held sets' steps still re-create.
-    pub pods_to_step: Option<u64>,
-    /// Released pods not yet Ready (what maxNotReady counts).
-    pub released_not_ready: u32,
-    pub max_not_ready: Option<u32>,
-    /// When the last waiting pod or set is expected to be done.
-    pub last_estimated: Option<String>,
-    pub last_estimated_in_seconds: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct GatedPod {
-    pub namespace: String,
-    pub name: String,
-    /// The gated-by annotation.
-    pub rule: String,
-    pub created: String,
-    /// Place in its rule's release order, every namespace counted (1 = next).
-    pub position: usize,
-    pub estimated_release: Option<String>,
-    pub estimated_in_seconds: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct HeldStatefulSet {
-    pub namespace: String,
-    pub name: String,
-    /// The paced-by annotation.
-    pub rule: String,
-    pub replicas: u32,
-    pub partition: u32,
-    /// The partition-target annotation; null when unreadable.
-    pub target: Option<u32>,
-    pub updated_replicas: u32,
-    pub ready_replicas: u32,
-    pub held_since: Option<String>,
-    /// Steps (pods) left to the target.
-    pub steps_left: u32,
-    /// When its last step is expected (null: not estimated).
-    pub estimated_end: Option<String>,
-    pub estimated_in_seconds: Option<f64>,
-}
-
-/// Seconds from `now` to `at` (negative when past).
-pub(super) fn seconds_until(at: Millis, now: Millis) -> f64 {
-    (at as f64 - now as f64) / 1000.0
-}
-
-fn spacing(limit: &Limit) -> Option<f64> {
-    limit.spacing_ms().map(|ms| ms as f64 / 1000.0)
-}
-
-fn limits_text(rule: &Rule) -> String {
-    let limits: Vec<String> = rule.limits.iter().map(|l| l.to_string()).collect();
-    limits.join(" and ")
-}
-
-/// A rule's line with the window and slot figures; the caller fills in the rest.
-pub(super) fn rule_line(
-    rule: &Rule,
-    action: &'static str,
-    window_events: u32,
-    next_free: Millis,
-    now: Millis,
-) -> RuleStatus {
-    let first = rule.limits.first();
-    RuleStatus {
-        name: rule.name.to_string(),
-        action,
-        limit: limits_text(rule),
-        window_events,
-        window_limit: first.map_or(0, |l| l.events),
-        window_seconds: first.map_or(0.0, |l| l.window.as_secs_f64()),
-        spacing_seconds: first.and_then(spacing),
-        next_free_slot: format_time(next_free),
-        next_free_in_seconds: seconds_until(next_free, now).max(0.0),
-        waiting: 0,
-        pods_to_step: None,
-        released_not_ready: 0,
-        max_not_ready: rule.max_not_ready,
-        last_estimated: None,
-        last_estimated_in_seconds: None,
-    }
-}
-
-/// The fullest bucket of `limit`: times (at most `now`) in its current window, per scope key.
-pub(super) fn fullest_window<'k>(
-    limit: &Limit,
-    times: impl Iterator<Item = (&'k str, Option<&'k str>, Millis)>,
-    now: Millis,
-) -> u32 {
-    let window = limit.window.as_millis() as Millis;
-    let mut counts: HashMap<(&str, &str), u32> = HashMap::new();
-    for (namespace, owner, at) in times {
-        let at = at.min(now);
-        if at + window <= now {
-            continue;
-        }
-        let key = match limit.scope {
-            Scope::Global => ("", ""),
-            Scope::Namespace => (namespace, ""),
-            Scope::Owner => ("", owner.unwrap_or("")),
-        };
-        *counts.entry(key).or_insert(0) += 1;
-    }
-    counts.values().copied().max().unwrap_or(0)
-}
 
 /// The releaser's round-robin position, as its last releases left it: per rule, the
 /// namespace of the latest release it made (pods the webhook admitted at once do not

@@ -18,8 +18,8 @@ use crate::names::{
     add, annotation_path, format_time, CLI_REPORTING_CONTROLLER, GATED_LABEL, LABEL_GATED,
     RELEASED_BY_ANNOTATION,
 };
-use crate::releaser::pods::{gate_index, release_patch};
-use crate::releaser::statefulsets::{let_go_patch, view, View};
+use crate::objects::pods::{gate_index, release_patch};
+use crate::objects::statefulsets::{let_go_patch, view, View};
 use json_patch::Patch;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};

@@ -1,6 +1,6 @@
 //! The report as people read it: a few aligned tables. Pure: a report in, text out.
 
-use super::model::Report;
+use super::report::Report;
 
 /// Columns padded to their widest cell, two spaces apart, as kubectl prints.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {

@@ -8,31 +8,23 @@
 //! real rollout ends later by the time its last pods take to stop, pass their gate and
 //! become Ready.
 
-use super::model::{
-    fullest_window, rule_line, seconds_until, Cluster, HeldStatefulSet, RuleStatus,
+use super::report::{
+    fullest_window, rule_line, seconds_until, Cluster, HeldStatefulSet, RuleStatus, StepPod,
 };
 use crate::limiter::Millis;
 use crate::names::{
     format_time, PARTITION_HELD_ANNOTATION, PARTITION_TARGET_ANNOTATION, RELEASED_BY_ANNOTATION,
 };
-use crate::policy::{Action, Policy, Rule};
-use crate::releaser::partition_plan::{
+use crate::objects::statefulsets::{view, PodProgress, View};
+use crate::pacing::partition::{
     partition_rule, plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy, TakenStep,
 };
-use crate::releaser::statefulsets::{view, PodProgress, View};
+use crate::policy::{Action, Policy, Rule};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use std::collections::HashMap;
 
 /// Rounds of the step plan the estimate runs at most; sets not done by then get no time.
 const MAX_ROUNDS: usize = 20_000;
-
-/// What the pod a held set's last step released showed when read, and from when its
-/// deletion counts (`statefulsets::pod_progress`, `statefulsets::deleted_by`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StepPod {
-    pub progress: PodProgress,
-    pub deleted_by: Millis,
-}
 
 /// The last step's state, read from its pod as the partition releaser reads it.
 pub fn released_of(set: &HeldSet, step: Option<&StepPod>) -> Released {

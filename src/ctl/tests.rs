@@ -1,12 +1,14 @@
-use super::model::{build, cursor_of, Cluster, Report};
+use super::model::{build, cursor_of};
 use super::release::{pod_patch, statefulset_patch, NotReleased};
 use super::render::{human, in_words};
-use super::sets::{estimate_ends, read_sets, rollout_state, Rollout, StepPod};
+use super::report::StepPod;
+use super::report::{Cluster, Report};
+use super::sets::{estimate_ends, read_sets, rollout_state, Rollout};
 use super::{parse_seconds, statefulset_name};
 use crate::limiter::Millis;
 use crate::names::parse_time;
+use crate::objects::statefulsets::PodProgress;
 use crate::policy::Policy;
-use crate::releaser::statefulsets::PodProgress;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -248,7 +250,7 @@ fn the_set_estimate_paces_steps_by_the_rule() {
 
 #[test]
 fn the_cursor_is_the_namespace_of_the_last_release() {
-    use crate::releaser::plan::ReleasedPod;
+    use crate::pacing::gate::ReleasedPod;
     let policy = policy();
     let released = |ns: &str, at: Millis, by: Option<&str>| ReleasedPod {
         namespace: ns.into(),

@@ -5,7 +5,7 @@
 //! One order, written once: per gate rule, one lane per namespace, oldest first within a
 //! lane (creation time, then name), the lanes served in turn starting after the namespace
 //! served last, one pod per lane and pass, until a pass releases nothing. The release plan
-//! (src/releaser/plan.rs) runs one such round at `now` on the real limiter; [`estimate`]
+//! (src/pacing/gate.rs) runs one such round at `now` on the real limiter; [`estimate`]
 //! runs the same rounds forward in time on a scratch limiter, from the current windows,
 //! and records when each pod would go. It sits below the admission and the releaser so
 //! that the webhook's warning, the releaser's Events and `churn-throttler status` all say

@@ -7,20 +7,20 @@
 //! webhook's own limiter, so on the leading replica the pods the webhook admits
 //! ungated and the pods the releaser lifts share one window per rule.
 
-use super::lease::{self, LeaseConfig};
 use super::partition::PartitionReleaser;
-use super::plan::{
-    charge, gate_rule, labels_to_drop, not_ready_by_rule, order, record_seeds, to_seed, Blocked,
-    Charged, Cursor, Inputs, Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
-};
-use super::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
 use super::shell::{
     about, keep_all, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds,
     RuleGauges, Target, MAX_EVENTS_PER_ROUND, NO_RULE,
 };
-use super::Context;
+use super::{Config, Context};
+use crate::election as lease;
 use crate::limiter::Millis;
 use crate::names::{format_time, GATED_LABEL, GATE_NAME};
+use crate::objects::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
+use crate::pacing::gate::{
+    charge, gate_rule, labels_to_drop, not_ready_by_rule, order, record_seeds, to_seed, Blocked,
+    Charged, Cursor, Inputs, Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
+};
 use crate::policy::Policy;
 use crate::queue::{estimate, EstimateInputs, Snapshot, MAX_ESTIMATED};
 use crate::shared::{Leadership, ReleaserRole};
@@ -34,22 +34,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub lease: LeaseConfig,
-    /// At most one Event per namespace and rule in this interval.
-    pub event_interval: Duration,
-}
-
-impl Config {
-    pub fn new(lease: LeaseConfig) -> Config {
-        Config {
-            lease,
-            event_interval: Duration::from_secs(30),
-        }
-    }
-}
 
 /// Runs the releaser until `shutdown`: connects (retrying while there is no cluster),
 /// takes part in the election, and releases while it leads.
@@ -393,7 +377,7 @@ impl Releaser {
             .collect();
         self.throttle.keep_waiting(waiting, now);
         let policy = self.ctx.policy();
-        let mut due: Vec<&super::plan::Waiting> = plan
+        let mut due: Vec<&crate::pacing::gate::Waiting> = plan
             .waiting
             .iter()
             .filter(|w| self.throttle.is_due(&w.namespace, &w.rule))
@@ -607,7 +591,7 @@ impl Rounds for Releaser {
 /// The waits of the first and the last pod of a waiting namespace (0 when unknown).
 fn first_and_last(
     when: &HashMap<(Arc<str>, String), (Millis, Millis)>,
-    w: &super::plan::Waiting,
+    w: &crate::pacing::gate::Waiting,
 ) -> (Millis, Millis) {
     when.get(&(w.rule.clone(), w.namespace.clone()))
         .copied()

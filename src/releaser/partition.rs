@@ -7,21 +7,23 @@
 //! windows are rebuilt every round from the sets: the step times recorded on them, and
 //! the pods of their last steps, looked at before each plan (`released_pods.rs`).
 
-use super::controller::Config;
-use super::partition_plan::{
-    plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
-    TakenStep,
-};
-use super::plan::{longest_window, MAX_RELEASES_PER_ROUND};
 use super::released_pods::{PodLooks, RECHECK_IN_FLIGHT_MS, RECHECK_MS};
 use super::shell::{
     about, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds, RuleGauges,
     Target, MAX_EVENTS_PER_ROUND, NO_RULE,
 };
-use super::statefulsets::{cleanup_patch, finish_patch, let_go_patch, step_patch, view, View};
+use super::Config;
 use super::Context;
 use crate::limiter::Millis;
 use crate::names::format_time;
+use crate::objects::statefulsets::{
+    cleanup_patch, finish_patch, let_go_patch, step_patch, view, View,
+};
+use crate::pacing::gate::{longest_window, MAX_RELEASES_PER_ROUND};
+use crate::pacing::partition::{
+    plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
+    TakenStep,
+};
 use crate::policy::{Action, Policy};
 use crate::shared::{now_millis, Leadership};
 use k8s_openapi::api::apps::v1::StatefulSet;

@@ -4,15 +4,15 @@
 //! `earlier` say which are in flight (old pod not deleted yet), starting (seen deleted,
 //! the replacement not Ready yet) or settled.
 
-use super::lease::within;
-use super::partition_plan::{released_ordinals, HeldSet, Released};
-use super::plan::MAX_RELEASES_PER_ROUND;
 use super::shell::{CALL_TIMEOUT, CONCURRENCY};
-use super::statefulsets::{
-    deleted_by, pod_progress, released_pod_name, update_revision, PodProgress,
-};
+use crate::election::within;
 use crate::limiter::Millis;
 use crate::metrics::ReleaserParts;
+use crate::objects::statefulsets::{
+    deleted_by, pod_progress, released_pod_name, update_revision, PodProgress,
+};
+use crate::pacing::gate::MAX_RELEASES_PER_ROUND;
+use crate::pacing::partition::{released_ordinals, HeldSet, Released};
 use crate::shared::{now_millis, Leadership};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;

@@ -2,8 +2,8 @@
 //! reflecting watch, patches with their error classes and back-off, Events with their
 //! throttle, and per-rule gauges. Each releaser keeps only its plan and its objects.
 
-use super::controller::Config;
-use super::lease::within;
+use super::Config;
+use crate::election::within;
 use crate::limiter::Millis;
 use crate::metrics::ReleaserParts;
 use crate::names::{FIELD_MANAGER, REPORTING_CONTROLLER};

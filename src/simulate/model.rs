@@ -11,7 +11,7 @@ use webhook::Admission;
 use super::client::{FairQueue, TokenBucket, WorkQueue};
 use super::requests::{
     base_request, churn_generate_name, pod_create_request, pod_delete_request, statefulset_next,
-    statefulset_update_request, StsUpdate, StsWrite,
+    statefulset_update_request, Phase, StsUpdate, StsWrite,
 };
 use super::rng::draws;
 use super::scenario::{
@@ -20,13 +20,13 @@ use super::scenario::{
 use crate::admission::decide::decide_churn;
 use crate::admission::{ChurnRequest, Endpoint, Verdict, GATE_NAME};
 use crate::limiter::{Identity, Limiter, Millis};
-use crate::policy::{Action, ChurnKind, Policy, Scope};
-use crate::releaser::partition_plan::{
-    plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy, TakenStep,
-};
-use crate::releaser::plan::{
+use crate::pacing::gate::{
     longest_window, plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND,
 };
+use crate::pacing::partition::{
+    plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy, TakenStep,
+};
+use crate::policy::{Action, ChurnKind, Policy, Scope};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
@@ -48,17 +48,6 @@ use std::sync::Arc;
 
 // ---------------------------------------------------------------------------------------
 // The cluster.
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Absent,
-    /// Created behind churn-throttler's scheduling gate.
-    Gated,
-    /// Scheduled, not Ready yet.
-    Starting,
-    Ready,
-    Terminating,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Owner {

@@ -1,12 +1,23 @@
 //! The requests the modelled controllers send, built with `classify`'s identities and
 //! cost, and the StatefulSet controller's choice of its next write.
 
-use super::model::Phase;
 use crate::admission::classify::{self, StatefulSetChange};
 use crate::admission::ChurnRequest;
 use crate::limiter::Identity;
 use crate::policy::ChurnKind;
 use std::collections::BTreeMap;
+
+/// Where a modelled pod is in its life; the controllers decide by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Absent,
+    /// Created behind churn-throttler's scheduling gate.
+    Gated,
+    /// Scheduled, not Ready yet.
+    Starting,
+    Ready,
+    Terminating,
+}
 
 pub fn pod_delete_request(
     namespace: &str,

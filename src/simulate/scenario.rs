@@ -193,8 +193,8 @@ pub struct ScenarioFile {
     pub collateral_at: String,
     pub actions: Vec<String>,
     /// "model": the simulator's incremental releasers (fast at any scale); "real": each
-    /// round calls the releaser's own pure plans, `releaser::plan::plan` and
-    /// `releaser::partition_plan::plan_steps` (cost grows with queue × rounds).
+    /// round calls the releaser's own pure plans, `pacing::gate::plan` and
+    /// `pacing::partition::plan_steps` (cost grows with queue × rounds).
     pub releasers: String,
     /// Simulated time after which a run stops unconverged; 0 = 100 × ideal + 1h.
     pub horizon: String,

@@ -2,8 +2,8 @@
 //! whose invariants hold for every action. No test looks at the wall clock.
 
 use super::client::{item_backoff, FairQueue, TokenBucket, WorkQueue};
-use super::model::Phase;
 use super::report::{peak_in_window, per_window, percentile};
+use super::requests::Phase;
 use super::requests::{
     pod_create_request, pod_delete_request, statefulset_next, statefulset_update_request,
     StsUpdate, StsWrite,

@@ -313,7 +313,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// One round of `releaser::plan::plan` over the gated pods, as the releaser sees them.
+    /// One round of `pacing::gate::plan` over the gated pods, as the releaser sees them.
     pub(super) fn run_gate_real(&mut self, g: usize) {
         let now = self.now;
         let rule = self.policy.rules[self.gates[g].rule].name.clone();
@@ -371,7 +371,7 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// One round of `releaser::partition_plan::plan_steps` over the held sets.
+    /// One round of `pacing::partition::plan_steps` over the held sets.
     /// The held sets as the real releaser reads them from the cluster.
     fn held_sets(&self, ids: &[u32], rule: &str, now: Millis) -> Vec<HeldSet> {
         ids.iter()

@@ -1,13 +1,13 @@
 //! What the releaser reads from a Pod and the JSON patches it writes back.
 //! Pure: a Pod object in, plan inputs or a patch out.
 
-use super::plan::{QueuedPod, ReleasedPod};
 use crate::limiter::Millis;
 use crate::names::{
     escape, format_time, millis, parse_time, pointer, test, ADMITTED_BY_ANNOTATION,
     GATED_BY_ANNOTATION, GATED_LABEL, GATE_NAME, LABEL_GATED, LABEL_RELEASED,
     RELEASED_AT_ANNOTATION,
 };
+use crate::pacing::gate::{QueuedPod, ReleasedPod};
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;

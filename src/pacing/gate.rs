@@ -450,5 +450,5 @@ pub fn labels_to_drop(released: &[ReleasedPod], policy: &Policy, now: Millis) ->
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
+#[path = "gate_tests.rs"]
 mod tests;

@@ -1,7 +1,6 @@
 //! What the partition releaser reads from a StatefulSet (and from the pod its last step
 //! released) and the JSON patches it writes back. Pure: objects in, plan inputs or a patch out.
 
-use super::partition_plan::{HeldSet, Record, Released};
 use crate::admission::max_unavailable;
 use crate::limiter::Millis;
 use crate::names::{
@@ -9,6 +8,7 @@ use crate::names::{
     PARTITION_HELD_ANNOTATION, PARTITION_HELD_SINCE_ANNOTATION, PARTITION_STEPPED_AT_ANNOTATION,
     PARTITION_TARGET_ANNOTATION,
 };
+use crate::pacing::partition::{HeldSet, Record, Released};
 use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;

@@ -1,4 +1,6 @@
-//! Leader election through a coordination.k8s.io/v1 Lease, so one replica releases.
+//! Leader election through a coordination.k8s.io/v1 Lease, so one replica releases; the
+//! Lease helpers (`within`, `Failure`) and the replica identity are shared with the budget.
+//!
 //! `decide` is the pure rule; `run` applies it every couple of seconds.
 //!
 //! Expiry is judged the way client-go judges it: by how long this replica has seen the
@@ -352,6 +354,33 @@ pub fn status_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// The Lease's namespace: `--lease-namespace`, else $POD_NAMESPACE, else churn-throttler.
+pub fn default_namespace(flag: Option<&str>, pod_namespace: Option<&str>) -> String {
+    flag.or(pod_namespace)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("churn-throttler")
+        .to_string()
+}
+
+/// This replica's identity in the Lease: `--identity`, else $POD_NAME, else the host
+/// name with the process id (two processes on one host must never share an identity,
+/// or both would think they hold the lease).
+pub fn default_identity(
+    flag: Option<&str>,
+    pod_name: Option<&str>,
+    hostname: Option<&str>,
+    pid: u32,
+) -> String {
+    if let Some(id) = flag.or(pod_name).filter(|s| !s.is_empty()) {
+        return id.to_string();
+    }
+    let host = hostname
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("churn-throttler");
+    format!("{host}-{pid}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,5 +497,40 @@ mod tests {
         leadership.lost().await;
         assert_eq!(Instant::now() - started, Duration::from_secs(5));
         drop(tx);
+    }
+
+    #[test]
+    fn table_of_identities() {
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+            &'static str,
+        );
+        let cases: &[Case] = &[
+            ("flag wins", Some("me"), Some("pod-1"), Some("host"), "me"),
+            ("pod name next", None, Some("pod-1"), Some("host"), "pod-1"),
+            (
+                "empty pod name ignored",
+                None,
+                Some(""),
+                Some("host"),
+                "host-7",
+            ),
+            ("host name with pid", None, None, Some("host\n"), "host-7"),
+            ("nothing known", None, None, None, "churn-throttler-7"),
+        ];
+        for (name, flag, pod, host, want) in cases {
+            assert_eq!(default_identity(*flag, *pod, *host, 7), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn table_of_lease_namespaces() {
+        assert_eq!(default_namespace(Some("x"), Some("y")), "x");
+        assert_eq!(default_namespace(None, Some("y")), "y");
+        assert_eq!(default_namespace(None, None), "churn-throttler");
+        assert_eq!(default_namespace(Some(""), None), "churn-throttler");
     }
 }

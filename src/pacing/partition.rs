@@ -27,8 +27,8 @@
 //! flight), so a restart or a failover opens no burst. The webhook never charges a
 //! partition rule, so nothing else shares these windows.
 
+use super::gate::{longest_window, rule_window};
 use super::partition_windows::Windows;
-use super::plan::{longest_window, rule_window};
 use crate::limiter::Millis;
 use crate::policy::{Action, Policy, Rule};
 use std::collections::{BTreeMap, HashMap};
@@ -757,9 +757,9 @@ fn plan_rule(
 }
 
 #[cfg(test)]
-#[path = "partition_plan_tests.rs"]
+#[path = "partition_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "partition_plan_max_unavailable_tests.rs"]
+#[path = "partition_max_unavailable_tests.rs"]
 mod max_unavailable_tests;

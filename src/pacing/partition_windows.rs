@@ -1,5 +1,5 @@
 //! The windows of one partition rule: the steps they hold, per limit and scope key, and
-//! whether one more fits now. Pure; used by the step plan (`partition_plan.rs`).
+//! whether one more fits now. Pure; used by the step plan (`partition.rs`).
 
 use crate::limiter::{spaced_after, Millis};
 use crate::policy::{Rule, Scope};

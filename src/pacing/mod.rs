@@ -1,0 +1,6 @@
+//! The pacing core: which gates to lift and which partitions to step now, under the
+//! rules' windows and readiness caps. Pure: observations and `now` in, a plan out.
+
+pub mod gate;
+pub mod partition;
+mod partition_windows;
