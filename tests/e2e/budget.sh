@@ -65,21 +65,7 @@ source "$W/env"
 kubectl create namespace churn-throttler >/dev/null
 kubectl -n churn-throttler create serviceaccount churn-throttler >/dev/null
 kubectl apply -f "$root/manifests/base/rbac-releaser.yaml" >/dev/null
-token="$(kubectl -n churn-throttler create token churn-throttler --duration=1h)"
-cat >"$W/sa.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: sa
-    user: { token: "$token" }
-contexts:
-  - name: sa
-    context: { cluster: e2e, user: sa }
-current-context: sa
-EOF
+e2e_kubeconfig churn-throttler churn-throttler "$W/sa.kubeconfig"
 can() { kubectl --kubeconfig "$W/sa.kubeconfig" auth can-i "$@" 2>/dev/null; }
 [[ "$(can list leases -n churn-throttler)" == yes && "$(can update leases -n churn-throttler)" == yes \
    && "$(can delete leases -n churn-throttler)" == no && "$(can list leases -n default)" == no ]] \

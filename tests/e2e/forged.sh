@@ -66,21 +66,7 @@ k() { kubectl --request-timeout=20s "$@"; }
 k create namespace churn-throttler >/dev/null
 k -n churn-throttler create serviceaccount churn-throttler >/dev/null
 k apply -f "$root/manifests/base/rbac-releaser.yaml" >/dev/null
-token="$(k -n churn-throttler create token churn-throttler --duration=2h)"
-cat >"$W/webhook.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: webhook
-    user: { token: "$token" }
-contexts:
-  - name: webhook
-    context: { cluster: e2e, user: webhook }
-current-context: webhook
-EOF
+e2e_kubeconfig churn-throttler churn-throttler "$W/webhook.kubeconfig"
 k create namespace prod >/dev/null
 k label namespace prod churn-throttler.io/enabled=true >/dev/null
 wait_for "ServiceAccount prod/default" k -n prod get serviceaccount default

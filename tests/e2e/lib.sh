@@ -43,6 +43,23 @@
 #   wait_for DESC CMD...      poll CMD until it succeeds; die after $timeout s
 #   e2e_tail_logs LINES GLOB  for e2e_die_logs: the tail of each file of $W matching GLOB
 #   e2e_tail_log LINES FILE   for e2e_die_logs: the tail of $W/FILE
+#   e2e_kubeconfig SA_NS SA FILE
+#                             a kubeconfig at FILE (mode 600) with a 2 h token of that
+#                             ServiceAccount, for a process that must act as it
+#   e2e_audit_args            kube-apiserver flags for an audit log of $W/audit-policy.yaml
+#                             in $W/logs/audit.log (JSON lines, never rotated)
+#   e2e_metrics_addr LOG      the metrics address a `serve --log-format json` log announced
+#   lease_holder, holder_is ID   the releaser Lease's holder (is ID); each read waits at
+#                             most $E2E_LEASE_TIMEOUT (default 20s)
+#   scrape NAME, keep_scrape NAME
+#                             /metrics of the replica whose address is $W/metrics-NAME.addr;
+#                             keep_scrape saves it to $W/metrics-NAME.last (a killed
+#                             process's counters die with it)
+#   e2e_install_webhook FIELD_MANAGER
+#                             manifests/overlays/e2e-local rendered for a webhook on
+#                             127.0.0.1:$WH_PORT (a free port, set here) with the cluster's
+#                             serving certificate, applied server-side, then
+#                             $W/releaser.kubeconfig as churn-throttler's ServiceAccount
 # On exit: e2e_before_cleanup, stop_proc on every PROC, cluster_down "$W", then $W is
 # removed unless KEEP_VAR is 1 or the suite failed (then "NAME: work dir kept: W").
 
@@ -166,3 +183,49 @@ wait_for() {
     sleep "$E2E_POLL"
   done
 }
+
+# e2e_kubeconfig SA_NAMESPACE SA FILE: see the header.
+e2e_kubeconfig() {
+  local token
+  token="$(kubectl -n "$1" create token "$2" --duration=2h)"
+  _cl_kubeconfig "$3" "$APISERVER_URL" "$CLUSTER_CA_FILE" "$token" "$2"
+}
+
+# e2e_install_webhook FIELD_MANAGER: see the header. Needs $W/env sourced (cluster_up).
+e2e_install_webhook() {
+  read -r WH_PORT < <(_cl_free_ports 1)
+  cluster_issue_serving_cert "$W" webhook >/dev/null
+  kubectl --request-timeout=20s kustomize "$E2E_ROOT/manifests/overlays/e2e-local" \
+    | sed -e "s#__WEBHOOK_URL__#https://127.0.0.1:${WH_PORT}#g" \
+          -e "s#__CA_BUNDLE__#$(base64 -w0 <"$CLUSTER_CA_FILE")#g" >"$W/e2e-local.yaml"
+  ! grep -q '__' "$W/e2e-local.yaml" || die "a placeholder is left in the rendered overlay"
+  kubectl --request-timeout=20s apply --server-side --field-manager="$1" -f "$W/e2e-local.yaml" >/dev/null \
+    || die "server-side apply of manifests/overlays/e2e-local failed"
+  wait_for "ServiceAccount churn-throttler" kubectl -n churn-throttler get serviceaccount churn-throttler
+  e2e_kubeconfig churn-throttler churn-throttler "$W/releaser.kubeconfig"
+}
+
+# e2e_audit_args: see the header.
+e2e_audit_args() {
+  echo "--audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0"
+}
+
+# e2e_metrics_addr LOG: see the header.
+e2e_metrics_addr() {
+  python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    try: e = json.loads(line)
+    except ValueError: continue
+    f = e.get("fields", {})
+    if f.get("message") == "churn-throttler serving":
+        print(f["metrics_addr"]); break
+PY
+}
+
+lease_holder() {
+  kubectl --request-timeout="${E2E_LEASE_TIMEOUT:-20s}" -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
+}
+holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
+scrape() { curl -fsS --max-time 2 "http://$(cat "$W/metrics-$1.addr")/metrics"; }
+keep_scrape() { scrape "$1" >"$W/metrics-$1.last" 2>/dev/null || true; }

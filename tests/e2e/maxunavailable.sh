@@ -76,38 +76,14 @@ rules:
     verbs: [create, patch, update]
   - level: None
 EOF
-CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} $GATES --audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0" \
+CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} $GATES $(e2e_audit_args)" \
 CLUSTER_KUBE_ARGS_KCM="${CLUSTER_KUBE_ARGS_KCM:-} $GATES" \
   cluster_up "$W" 3 || die "cluster up failed"
 # shellcheck disable=SC1091
 source "$W/env"
 k() { kubectl --request-timeout=20s "$@"; }
 
-read -r WH_PORT < <(_cl_free_ports 1)
-cluster_issue_serving_cert "$W" webhook >/dev/null
-k kustomize "$root/manifests/overlays/e2e-local" \
-  | sed -e "s#__WEBHOOK_URL__#https://127.0.0.1:${WH_PORT}#g" \
-        -e "s#__CA_BUNDLE__#$(base64 -w0 <"$CLUSTER_CA_FILE")#g" >"$W/e2e-local.yaml"
-! grep -q '__' "$W/e2e-local.yaml" || die "a placeholder is left in the rendered overlay"
-k apply --server-side --field-manager=maxunavailable-e2e -f "$W/e2e-local.yaml" >/dev/null \
-  || die "server-side apply of manifests/overlays/e2e-local failed"
-wait_for "ServiceAccount churn-throttler" k -n churn-throttler get serviceaccount churn-throttler
-token="$(k -n churn-throttler create token churn-throttler --duration=2h)"
-cat >"$W/releaser.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: releaser
-    user: { token: "$token" }
-contexts:
-  - name: releaser
-    context: { cluster: e2e, user: releaser }
-current-context: releaser
-EOF
-chmod 600 "$W/releaser.kubeconfig"
+e2e_install_webhook maxunavailable-e2e
 
 cat >"$W/policy.yaml" <<EOF
 timeoutSeconds: 10
@@ -136,7 +112,6 @@ KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=deb
     --shutdown-delay 0s --drain-timeout 2s --log-format json >>"$W/serve.log" 2>&1 &
 SERVE_PID=$!
 wait_for "serve up" grep -q '"churn-throttler serving"' "$W/serve.log"
-holder_is() { [[ "$(k -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)" == "$1" ]]; }
 wait_for "releaser-a holds the lease" holder_is releaser-a
 ok "serve runs the webhook and leads the releaser"
 

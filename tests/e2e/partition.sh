@@ -78,37 +78,13 @@ rules:
     verbs: [update, patch]
   - level: None
 EOF
-CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} --audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0" \
+CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} $(e2e_audit_args)" \
   cluster_up "$W" 3 || die "cluster up failed"
 # shellcheck disable=SC1091
 source "$W/env"
 k() { kubectl --request-timeout=20s "$@"; }
 
-read -r WH_PORT < <(_cl_free_ports 1)
-cluster_issue_serving_cert "$W" webhook >/dev/null
-k kustomize "$root/manifests/overlays/e2e-local" \
-  | sed -e "s#__WEBHOOK_URL__#https://127.0.0.1:${WH_PORT}#g" \
-        -e "s#__CA_BUNDLE__#$(base64 -w0 <"$CLUSTER_CA_FILE")#g" >"$W/e2e-local.yaml"
-! grep -q '__' "$W/e2e-local.yaml" || die "a placeholder is left in the rendered overlay"
-k apply --server-side --field-manager=partition-e2e -f "$W/e2e-local.yaml" >/dev/null \
-  || die "server-side apply of manifests/overlays/e2e-local failed"
-wait_for "ServiceAccount churn-throttler" k -n churn-throttler get serviceaccount churn-throttler
-token="$(k -n churn-throttler create token churn-throttler --duration=2h)"
-cat >"$W/releaser.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: releaser
-    user: { token: "$token" }
-contexts:
-  - name: releaser
-    context: { cluster: e2e, user: releaser }
-current-context: releaser
-EOF
-chmod 600 "$W/releaser.kubeconfig"
+e2e_install_webhook partition-e2e
 can() { kubectl --kubeconfig "$W/releaser.kubeconfig" auth can-i "$@" 2>/dev/null || true; }
 rbac="patch statefulsets: $(can patch statefulsets.apps -A), update statefulsets: $(can update statefulsets.apps -A), watch statefulsets: $(can watch statefulsets.apps -A), get pods: $(can get pods -A), delete pods: $(can delete pods -A)"
 [[ "$rbac" == "patch statefulsets: yes, update statefulsets: no, watch statefulsets: yes, get pods: yes, delete pods: no" ]] \
@@ -147,24 +123,8 @@ start_replica() {
       --shutdown-delay 0s --drain-timeout 2s --log-format json >>"$W/replica-$name.log" 2>&1 &
   PROC[$name]=$!
   wait_for "$name serving" grep -q '"churn-throttler serving"' "$W/replica-$name.log"
-  python3 - "$W/replica-$name.log" >"$W/metrics-$name.addr" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    try: e = json.loads(line)
-    except ValueError: continue
-    f = e.get("fields", {})
-    if f.get("message") == "churn-throttler serving":
-        addr = f["metrics_addr"]
-print(addr)
-PY
+  e2e_metrics_addr "$W/replica-$name.log" >"$W/metrics-$name.addr"
 }
-lease_holder() {
-  k -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
-}
-holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
-scrape() { curl -fsS --max-time 2 "http://$(cat "$W/metrics-$1.addr")/metrics"; }
-# Keeps every replica's last /metrics (a killed process's counters die with it).
-keep_scrape() { scrape "$1" >"$W/metrics-$1.last" 2>/dev/null || true; }
 
 start_replica a releaser-a "127.0.0.1:$WH_PORT"
 wait_for "releaser-a holds the lease" holder_is releaser-a

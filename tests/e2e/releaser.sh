@@ -56,21 +56,7 @@ kubectl -n churn-throttler create serviceaccount churn-throttler >/dev/null
 kubectl apply -f "$root/manifests/base/rbac-releaser.yaml" >/dev/null
 for ns in "${NAMESPACES[@]}"; do kubectl create namespace "$ns" >/dev/null; done
 wait_for "ServiceAccounts in the test namespaces" kubectl -n team-c get serviceaccount default
-token="$(kubectl -n churn-throttler create token churn-throttler --duration=2h)"
-cat >"$W/releaser.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: releaser
-    user: { token: "$token" }
-contexts:
-  - name: releaser
-    context: { cluster: e2e, user: releaser }
-current-context: releaser
-EOF
+e2e_kubeconfig churn-throttler churn-throttler "$W/releaser.kubeconfig"
 can() { kubectl --kubeconfig "$W/releaser.kubeconfig" auth can-i "$@" 2>/dev/null; }
 [[ "$(can patch pods -A)" == yes && "$(can delete pods -A)" == no && "$(can create leases -n churn-throttler)" == yes \
    && "$(can update leases -n default)" == no && "$(can get secrets -n churn-throttler)" == no ]] \
@@ -99,21 +85,10 @@ start_releaser() {
       --shutdown-delay 0s --log-format json >"$W/releaser-$name.log" 2>&1 &
   PROC[$name]=$!
   wait_for "$name serving" grep -q '"churn-throttler serving"' "$W/releaser-$name.log"
-  python3 - "$W/releaser-$name.log" >"$W/metrics-$name.addr" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    try: e = json.loads(line)
-    except ValueError: continue
-    f = e.get("fields", {})
-    if f.get("message") == "churn-throttler serving":
-        print(f["metrics_addr"]); break
-PY
+  e2e_metrics_addr "$W/releaser-$name.log" >"$W/metrics-$name.addr"
 }
-lease_holder() {
-  kubectl --request-timeout=2s -n churn-throttler get lease churn-throttler-releaser \
-    -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
-}
-holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
+# Lease reads must not block through the API server's freeze.
+E2E_LEASE_TIMEOUT=2s
 released_count() {
   kubectl --request-timeout=5s get pods -A -l e2e=releaser -o json | python3 -c '
 import json, sys

@@ -129,38 +129,14 @@ rules:
 EOF
 CLUSTER_KWOK_STAGES_EXTRA="$here/kwok-stages/slow" \
 CLUSTER_KUBE_ARGS_KCM="${CLUSTER_KUBE_ARGS_KCM:-} --kube-api-qps=$KCM_QPS --kube-api-burst=$((2 * KCM_QPS))" \
-CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} --audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0" \
+CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} $(e2e_audit_args)" \
   cluster_up "$W" 3 || die "cluster up failed"
 # shellcheck disable=SC1091
 source "$W/env"
 k() { kubectl --request-timeout=30s "$@"; }
 grep -q 'e2e.churn-throttler.io/slow' "$W/kwok-stages.yaml" || die "kwok did not get the slow Stages"
 
-read -r WH_PORT < <(_cl_free_ports 1)
-cluster_issue_serving_cert "$W" webhook >/dev/null
-k kustomize "$root/manifests/overlays/e2e-local" \
-  | sed -e "s#__WEBHOOK_URL__#https://127.0.0.1:${WH_PORT}#g" \
-        -e "s#__CA_BUNDLE__#$(base64 -w0 <"$CLUSTER_CA_FILE")#g" >"$W/e2e-local.yaml"
-! grep -q '__' "$W/e2e-local.yaml" || die "a placeholder is left in the rendered overlay"
-k apply --server-side --field-manager=slowpods-e2e -f "$W/e2e-local.yaml" >/dev/null \
-  || die "server-side apply of manifests/overlays/e2e-local failed"
-wait_for "ServiceAccount churn-throttler" k -n churn-throttler get serviceaccount churn-throttler
-token="$(k -n churn-throttler create token churn-throttler --duration=2h)"
-cat >"$W/releaser.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: releaser
-    user: { token: "$token" }
-contexts:
-  - name: releaser
-    context: { cluster: e2e, user: releaser }
-current-context: releaser
-EOF
-chmod 600 "$W/releaser.kubeconfig"
+e2e_install_webhook slowpods-e2e
 
 cat >"$W/policy.yaml" <<EOF
 # The built-in policy's two StatefulSet rules (statefulset-rollouts, statefulset-creates)
@@ -201,23 +177,8 @@ start_replica() {
     (( SECONDS - start < timeout )) || die "timed out after ${timeout}s waiting for replica $name to serve"
     sleep 0.2
   done
-  python3 - "$W/replica-$name.log" >"$W/metrics-$name.addr" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    try: e = json.loads(line)
-    except ValueError: continue
-    f = e.get("fields", {})
-    if f.get("message") == "churn-throttler serving":
-        addr = f["metrics_addr"]
-print(addr)
-PY
+  e2e_metrics_addr "$W/replica-$name.log" >"$W/metrics-$name.addr"
 }
-lease_holder() {
-  k -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null
-}
-holder_is() { [[ "$(lease_holder)" == "$1" ]]; }
-scrape() { curl -fsS --max-time 2 "http://$(cat "$W/metrics-$1.addr")/metrics"; }
-keep_scrape() { scrape "$1" >"$W/metrics-$1.last" 2>/dev/null || true; }
 # decisions ACTION NAME...: decisions with this action in these replicas' last /metrics.
 decisions() {
   local action="$1" name; shift

@@ -100,22 +100,7 @@ k -n churn-throttler create configmap churn-throttler-policy --from-file=policy.
 # kubeconfig_for NAME SA-NAMESPACE SA: a kubeconfig with that ServiceAccount's token.
 kubeconfig_for() {
   k -n "$2" get serviceaccount "$3" >/dev/null 2>&1 || k -n "$2" create serviceaccount "$3" >/dev/null
-  local token; token="$(k -n "$2" create token "$3" --duration=2h)"
-  cat >"$W/$1.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-  - name: e2e
-    cluster: { server: "$APISERVER_URL", certificate-authority: "$CLUSTER_CA_FILE" }
-users:
-  - name: $1
-    user: { token: "$token" }
-contexts:
-  - name: $1
-    context: { cluster: e2e, user: $1, namespace: default }
-current-context: $1
-EOF
-  chmod 600 "$W/$1.kubeconfig"
+  e2e_kubeconfig "$2" "$3" "$W/$1.kubeconfig"
 }
 k create namespace e2e-ops >/dev/null
 wait_for "ServiceAccount churn-throttler" k -n churn-throttler get serviceaccount churn-throttler
@@ -150,7 +135,6 @@ KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=deb
     --shutdown-delay 0s --drain-timeout 2s --log-format json >>"$W/serve.log" 2>&1 &
 PROC[serve]=$!
 wait_for "serving" grep -q '"churn-throttler serving"' "$W/serve.log"
-holder_is() { [[ "$(k -n churn-throttler get lease churn-throttler-releaser -o jsonpath='{.spec.holderIdentity}' 2>/dev/null)" == "$1" ]]; }
 wait_for "releaser-a holds the lease" holder_is releaser-a
 
 # ---- workloads -----------------------------------------------------------------------
