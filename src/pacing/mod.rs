@@ -2,5 +2,6 @@
 //! rules' windows and readiness caps. Pure: observations and `now` in, a plan out.
 
 pub mod gate;
+pub mod network;
 pub mod partition;
 mod partition_windows;

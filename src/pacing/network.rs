@@ -1,0 +1,396 @@
+//! The closed-loop network window: how many released pods may be waiting for their
+//! network at once, sized from what the pods' network-readiness shows. Pure: samples and
+//! their times in, a window out; nothing here reads a clock.
+//!
+//! The signal is a pod's network time: from its binding to its `PodReadyToStartContainers`
+//! condition (the sandbox and its network are up), or release -> Ready where the condition
+//! never comes. A pod still not there after `bound` is a sample *at the bound* (censored,
+//! never dropped: leaving it out would hide the worst congestion).
+//!
+//! Sized like BBR (docs/adaptive.md): the window is the rate at which pods become
+//! network-ready times the unloaded network time (the bandwidth-delay product), plus a
+//! small headroom. Per top-level workload the unloaded time (the floor) is the least
+//! network time seen over a sliding period. The window starts small and grows by one per
+//! sample while the network time stays near its floor (doubling per round trip, as a slow
+//! start does); once a queue shows, it is set to the bandwidth-delay product and from then
+//! on follows it, probing 25 % above while no queue shows. It changes only when a sample
+//! arrives: a missing signal (nothing starting, a watch down) never grows it. A floor
+//! older than half its period is re-measured by halving the window for two floors (as
+//! BBR's ProbeRTT drains its queue), so a standing queue cannot become the floor.
+
+use crate::limiter::Millis;
+use std::collections::{HashMap, VecDeque};
+
+/// Pods above the bandwidth-delay product: one being wired and one waiting keep the
+/// network busy without a queue that grows.
+pub const HEADROOM: f64 = 2.0;
+
+/// While no queue shows, the window probes this far above the bandwidth-delay product.
+pub const PROBE_GAIN: f64 = 1.25;
+
+/// A sample whose network time exceeds its floor by more than this share of the floor
+/// (and by at least `QUEUE_MIN_MS`) shows a queue.
+pub const QUEUE_SHARE: f64 = 0.25;
+pub const QUEUE_MIN_MS: Millis = 500;
+
+/// The delivery rate is counted over at least this long (and over four floors).
+pub const RATE_SPAN_MIN_MS: Millis = 10_000;
+
+/// Samples the p90 is taken over.
+const RECENT: usize = 32;
+
+/// At most this many workloads keep a floor; the stalest go first.
+const MAX_WORKLOADS: usize = 4_096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkConfig {
+    pub min_window: u32,
+    pub max_window: u32,
+    /// A pod not network-ready this long after its binding is a sample at this bound.
+    pub bound_ms: Millis,
+    /// The floor is the least network time of a workload over this long.
+    pub floor_period_ms: Millis,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> NetworkConfig {
+        NetworkConfig {
+            min_window: 4,
+            max_window: 200,
+            bound_ms: 60_000,
+            floor_period_ms: 600_000,
+        }
+    }
+}
+
+/// One pod's network time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// The top-level workload (the Deployment or StatefulSet, not the ReplicaSet).
+    pub workload: String,
+    /// When the pod was bound to its node (or released, in the fallback).
+    pub started: Millis,
+    /// When its network was seen up; for a censored sample, `started + bound`.
+    pub ready: Millis,
+    pub censored: bool,
+}
+
+impl Sample {
+    pub fn latency(&self) -> Millis {
+        self.ready.saturating_sub(self.started)
+    }
+}
+
+/// Why the window last changed, for metrics, `status` and Events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// Nothing measured yet: the starting value.
+    Start,
+    /// Growing by one per sample, network time at its floor.
+    SlowStart,
+    /// A queue showed: set to the bandwidth-delay product.
+    Queue,
+    /// Following the bandwidth-delay product, probing above it.
+    Probe,
+    /// Halved for a while so that the floor is measured again.
+    Remeasure,
+}
+
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Start => "start",
+            Change::SlowStart => "slow-start",
+            Change::Queue => "queue",
+            Change::Probe => "probe",
+            Change::Remeasure => "remeasure",
+        }
+    }
+
+    pub const ALL: [Change; 5] = [
+        Change::Start,
+        Change::SlowStart,
+        Change::Queue,
+        Change::Probe,
+        Change::Remeasure,
+    ];
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    SlowStart,
+    Steady,
+    /// From `from` until `until` (sample times) the window is held at half the product, so
+    /// that `workload`'s floor is measured again.
+    Remeasure {
+        workload: String,
+        from: Millis,
+        until: Millis,
+    },
+}
+
+/// The least network time of one workload over the floor period: a monotonic deque of
+/// (time, latency), increasing in latency, so the front is the minimum.
+#[derive(Debug, Clone, Default)]
+struct Floor {
+    mins: VecDeque<(Millis, Millis)>,
+}
+
+impl Floor {
+    fn push(&mut self, at: Millis, latency: Millis, period: Millis) {
+        while self.mins.back().is_some_and(|&(_, l)| l >= latency) {
+            self.mins.pop_back();
+        }
+        self.mins.push_back((at, latency));
+        while self
+            .mins
+            .front()
+            .is_some_and(|&(t, _)| t.saturating_add(period) < at)
+        {
+            self.mins.pop_front();
+        }
+    }
+
+    fn value(&self) -> Option<(Millis, Millis)> {
+        self.mins.front().copied()
+    }
+
+    /// After a re-measure: only what was seen since `from` counts; with nothing seen, the
+    /// old floor stands, dated `from` (measured again, found no lower).
+    fn restart_from(&mut self, from: Millis) {
+        let old = self.value();
+        self.mins.retain(|&(t, _)| t >= from);
+        if let (true, Some((_, latency))) = (self.mins.is_empty(), old) {
+            self.mins.push_back((from, latency));
+        }
+    }
+}
+
+/// What the window shows of itself.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetworkStatus {
+    pub window: u32,
+    /// The floor of the last sample's workload.
+    pub floor_ms: Option<Millis>,
+    /// The 90th percentile of the recent samples' network time.
+    pub p90_ms: Option<Millis>,
+    /// Pods becoming network-ready per second, lately.
+    pub rate_per_s: f64,
+    pub last_change: Change,
+    /// The last change cut the window to half or less.
+    pub cut_hard: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct NetworkWindow {
+    config: NetworkConfig,
+    window: f64,
+    phase: Phase,
+    floors: HashMap<String, Floor>,
+    /// Ready times of recent samples, for the delivery rate.
+    delivered: VecDeque<Millis>,
+    /// (latency, its workload's floor) of the last samples.
+    recent: VecDeque<(Millis, Millis)>,
+    last_floor: Option<Millis>,
+    last_change: Change,
+    cut_hard: bool,
+    /// The latest sample time seen: samples are taken in any order, time never goes back.
+    clock: Millis,
+}
+
+impl NetworkWindow {
+    /// A window at `start` (the last leader's value, from the Lease), else `minWindow`.
+    pub fn new(config: NetworkConfig, start: Option<u32>) -> NetworkWindow {
+        let start = start
+            .unwrap_or(config.min_window)
+            .clamp(config.min_window, config.max_window.max(config.min_window));
+        NetworkWindow {
+            config,
+            window: f64::from(start),
+            phase: Phase::SlowStart,
+            floors: HashMap::new(),
+            delivered: VecDeque::new(),
+            recent: VecDeque::new(),
+            last_floor: None,
+            last_change: Change::Start,
+            cut_hard: false,
+            clock: 0,
+        }
+    }
+
+    pub fn config(&self) -> NetworkConfig {
+        self.config
+    }
+
+    /// A changed policy: new bounds, the window kept within them.
+    pub fn reconfigure(&mut self, config: NetworkConfig) {
+        self.config = config;
+        self.window = self.clamp(self.window);
+    }
+
+    /// Pods that may be released and not network-ready at once.
+    pub fn window(&self) -> u32 {
+        self.window.floor() as u32
+    }
+
+    /// How many more may go with `in_flight` released and not network-ready.
+    pub fn room(&self, in_flight: u32) -> u32 {
+        self.window().saturating_sub(in_flight)
+    }
+
+    fn clamp(&self, w: f64) -> f64 {
+        let max = self.config.max_window.max(self.config.min_window);
+        w.clamp(f64::from(self.config.min_window), f64::from(max))
+    }
+
+    /// Pods network-ready per second over the last span (at least `RATE_SPAN_MIN_MS`
+    /// and four floors), ending at the latest sample.
+    fn rate_per_s(&self, floor: Millis) -> f64 {
+        let span = RATE_SPAN_MIN_MS.max(floor.saturating_mul(4));
+        let from = self.clock.saturating_sub(span);
+        let n = self.delivered.iter().filter(|&&t| t > from).count();
+        // Over the part of the span the samples cover, so the first seconds are not diluted.
+        let covered = self.delivered.front().map_or(span, |&first| {
+            self.clock.saturating_sub(first).clamp(1, span)
+        });
+        n as f64 * 1000.0 / covered.max(floor.max(1)) as f64
+    }
+
+    fn p90(&self) -> Option<Millis> {
+        if self.recent.is_empty() {
+            return None;
+        }
+        let mut l: Vec<Millis> = self.recent.iter().map(|&(l, _)| l).collect();
+        l.sort_unstable();
+        Some(l[(l.len() * 9).div_ceil(10).saturating_sub(1)])
+    }
+
+    fn queued(latency: Millis, floor: Millis) -> bool {
+        let allowed = ((floor as f64 * QUEUE_SHARE) as Millis).max(QUEUE_MIN_MS);
+        latency > floor.saturating_add(allowed)
+    }
+
+    /// One pod's network time (or its censored bound). The only place the window moves.
+    pub fn observe(&mut self, sample: &Sample) {
+        let at = sample.ready.max(self.clock);
+        self.clock = at;
+        let latency = sample.latency().min(self.config.bound_ms);
+        let period = self.config.floor_period_ms;
+        if !self.floors.contains_key(&sample.workload) && self.floors.len() >= MAX_WORKLOADS {
+            self.forget_stalest();
+        }
+        // A censored sample of a workload never seen is judged against the least floor
+        // anyone shows, or the bound itself.
+        let fallback = self.any_floor();
+        let floor_entry = self.floors.entry(sample.workload.clone()).or_default();
+        if !sample.censored {
+            floor_entry.push(at, latency, period);
+        }
+        let (floor_at, floor) = floor_entry.value().unwrap_or((at, fallback));
+        self.last_floor = Some(floor);
+        if !sample.censored {
+            self.delivered.push_back(at);
+        }
+        let span = RATE_SPAN_MIN_MS.max(floor.saturating_mul(4));
+        while self
+            .delivered
+            .front()
+            .is_some_and(|&t| t.saturating_add(span) < at)
+        {
+            self.delivered.pop_front();
+        }
+        self.recent.push_back((latency, floor));
+        if self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+        let queued = sample.censored || Self::queued(latency, floor);
+        let product = self.rate_per_s(floor) * floor as f64 / 1000.0;
+        let before = self.window;
+        if let Phase::Remeasure {
+            workload,
+            from,
+            until,
+        } = &self.phase
+        {
+            if at < *until {
+                return;
+            }
+            if let Some(f) = self.floors.get_mut(workload) {
+                f.restart_from(*from);
+            }
+            self.phase = Phase::Steady;
+        }
+        if self.phase == Phase::SlowStart && !queued {
+            self.window += 1.0;
+            self.last_change = Change::SlowStart;
+        } else if queued {
+            self.window = self.window.min(product + HEADROOM);
+            self.phase = Phase::Steady;
+            self.last_change = Change::Queue;
+        } else if at.saturating_sub(floor_at) > period / 2 {
+            self.window = self.window.min((product / 2.0).max(1.0));
+            self.phase = Phase::Remeasure {
+                workload: sample.workload.clone(),
+                from: at,
+                until: at.saturating_add(floor.saturating_mul(2)),
+            };
+            self.last_change = Change::Remeasure;
+        } else {
+            let target = PROBE_GAIN * product + HEADROOM;
+            self.window = (self.window + 1.0).min(target.max(self.window));
+            self.last_change = Change::Probe;
+        }
+        self.window = self.clamp(self.window);
+        self.cut_hard = self.window <= before / 2.0 && self.window < before;
+    }
+
+    /// The least floor any workload shows, else the bound.
+    fn any_floor(&self) -> Millis {
+        self.floors
+            .values()
+            .filter_map(|f| f.value().map(|(_, l)| l))
+            .min()
+            .unwrap_or(self.config.bound_ms)
+    }
+
+    fn forget_stalest(&mut self) {
+        let stalest = self
+            .floors
+            .iter()
+            .min_by_key(|(_, f)| f.mins.back().map_or(0, |&(t, _)| t))
+            .map(|(k, _)| k.clone());
+        if let Some(k) = stalest {
+            self.floors.remove(&k);
+        }
+    }
+
+    pub fn status(&self) -> NetworkStatus {
+        NetworkStatus {
+            window: self.window(),
+            floor_ms: self.last_floor,
+            p90_ms: self.p90(),
+            rate_per_s: self.last_floor.map_or(0.0, |f| self.rate_per_s(f)),
+            last_change: self.last_change,
+            cut_hard: self.cut_hard,
+        }
+    }
+
+    /// Workloads with a floor (bounded by `MAX_WORKLOADS`).
+    pub fn workloads(&self) -> usize {
+        self.floors.len()
+    }
+}
+
+/// The censored sample of a pod still not network-ready `bound` after it started.
+pub fn censored(workload: &str, started: Millis, bound: Millis) -> Sample {
+    Sample {
+        workload: workload.to_string(),
+        started,
+        ready: started.saturating_add(bound),
+        censored: true,
+    }
+}
+
+#[cfg(test)]
+#[path = "network_tests.rs"]
+mod tests;
