@@ -58,6 +58,7 @@ fn bench_scope(c: &mut Criterion, scope: &str) {
         policy: &policy,
         now,
         max_releases: 100,
+        network: None,
     };
     let mut limiter = Limiter::new(policy.max_buckets);
     let mut cursor = Cursor::default();

@@ -104,6 +104,7 @@ fn drive_the_plan(
                 policy,
                 now,
                 max_releases: MAX_RELEASES_PER_ROUND,
+                network: None,
             },
             limiter,
             &mut cursor,

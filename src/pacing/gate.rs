@@ -70,6 +70,9 @@ pub enum Blocked {
     Rate,
     /// The rule's released pods that are not Ready reached maxNotReady.
     NotReady { not_ready: u32, max: u32 },
+    /// The shared network window is full: `in_flight` released pods of adaptive rules
+    /// wait for their network (crate::pacing::network).
+    Network { in_flight: u32, window: u32 },
 }
 
 /// Pods of one rule in one namespace that still wait after this round.
@@ -102,6 +105,23 @@ pub struct Inputs<'a> {
     pub policy: &'a Policy,
     pub now: Millis,
     pub max_releases: usize,
+    /// The network window of the adaptive rules, shared by them all: None when no rule
+    /// is adaptive.
+    pub network: Option<NetworkRoom>,
+}
+
+/// The shared network window as a round sees it: released pods of adaptive rules not
+/// network-ready yet, and the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkRoom {
+    pub in_flight: u32,
+    pub window: u32,
+}
+
+impl NetworkRoom {
+    pub fn full(&self) -> bool {
+        self.in_flight >= self.window
+    }
 }
 
 /// Decides this round's releases and charges each in `limiter` at `now`:
@@ -195,10 +215,11 @@ pub fn charge<'a>(
             waited_ms: now.saturating_sub(inputs.queue[index].created),
         });
     }
+    let mut network = inputs.network;
     let left = order
         .rules
         .into_iter()
-        .map(|lanes| plan_rule(lanes, inputs, limiter, cursor, &mut out))
+        .map(|lanes| plan_rule(lanes, inputs, limiter, cursor, &mut network, &mut out))
         .collect();
     RoundCharged { plan: out, left }
 }
@@ -211,6 +232,8 @@ struct Round<'a, 'p> {
     now: Millis,
     max_releases: usize,
     not_ready: u32,
+    /// The shared network window, for an adaptive rule: each release takes a place in it.
+    network: Option<&'p mut NetworkRoom>,
     out: &'p mut Plan,
 }
 
@@ -222,6 +245,9 @@ impl Releases for Round<'_, '_> {
             .is_some_and(|max| self.not_ready >= max)
         {
             return Err(Stop::NotReady);
+        }
+        if self.network.as_ref().is_some_and(|n| n.full()) {
+            return Err(Stop::Network);
         }
         if self.out.releases.len() >= self.max_releases {
             return Err(Stop::Cap);
@@ -237,6 +263,9 @@ impl Releases for Round<'_, '_> {
             waited_ms: self.now.saturating_sub(self.queue[index].created),
         });
         self.not_ready += 1;
+        if let Some(network) = self.network.as_mut() {
+            network.in_flight += 1;
+        }
     }
 }
 
@@ -247,6 +276,7 @@ fn plan_rule<'a>(
     inputs: &Inputs<'_>,
     limiter: &mut Limiter,
     cursor: &mut Cursor,
+    network: &mut Option<NetworkRoom>,
     out: &mut Plan,
 ) -> (RuleLanes<'a>, Option<Blocked>) {
     let rule = lanes.rule;
@@ -258,6 +288,7 @@ fn plan_rule<'a>(
         now,
         max_releases: inputs.max_releases,
         not_ready: inputs.not_ready.get(&*rule.name).copied().unwrap_or(0),
+        network: network.as_mut().filter(|_| rule.adaptive),
         out,
     };
     let end = serve_round(
@@ -274,10 +305,17 @@ fn plan_rule<'a>(
     if let Some(wake) = end.wake_at {
         out.wake_at = Some(out.wake_at.map_or(wake, |w| w.min(wake)));
     }
-    let readiness = (end.stopped == Some(Stop::NotReady)).then(|| Blocked::NotReady {
-        not_ready,
-        max: rule.max_not_ready.unwrap_or(0),
-    });
+    let readiness = match end.stopped {
+        Some(Stop::NotReady) => Some(Blocked::NotReady {
+            not_ready,
+            max: rule.max_not_ready.unwrap_or(0),
+        }),
+        Some(Stop::Network) => network.map(|n| Blocked::Network {
+            in_flight: n.in_flight,
+            window: n.window,
+        }),
+        _ => None,
+    };
     (lanes, readiness)
 }
 

@@ -19,6 +19,7 @@
 //! BBR's ProbeRTT drains its queue), so a standing queue cannot become the floor.
 
 use crate::limiter::Millis;
+pub use crate::policy::NetworkConfig;
 use std::collections::{HashMap, VecDeque};
 
 /// Pods above the bandwidth-delay product: one being wired and one waiting keep the
@@ -41,27 +42,6 @@ const RECENT: usize = 32;
 
 /// At most this many workloads keep a floor; the stalest go first.
 const MAX_WORKLOADS: usize = 4_096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetworkConfig {
-    pub min_window: u32,
-    pub max_window: u32,
-    /// A pod not network-ready this long after its binding is a sample at this bound.
-    pub bound_ms: Millis,
-    /// The floor is the least network time of a workload over this long.
-    pub floor_period_ms: Millis,
-}
-
-impl Default for NetworkConfig {
-    fn default() -> NetworkConfig {
-        NetworkConfig {
-            min_window: 4,
-            max_window: 200,
-            bound_ms: 60_000,
-            floor_period_ms: 600_000,
-        }
-    }
-}
 
 /// One pod's network time.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! Unknown fields are errors, so a misspelt key never silently falls back to a default.
 
 use super::duration::{format_duration, serde_duration, serde_opt_duration};
-use super::{Action, ChurnKind, Exemptions, Limit, Match, Policy, Rule, Scope};
+use super::{Action, ChurnKind, Exemptions, Limit, Match, NetworkConfig, Policy, Rule, Scope};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -35,6 +35,19 @@ struct RawPolicy {
     exempt: RawExempt,
     #[serde(default = "default_max_buckets")]
     max_buckets: usize,
+    network: Option<RawNetwork>,
+}
+
+/// The shared network window's bounds (docs/adaptive.md).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawNetwork {
+    min_window: Option<u32>,
+    max_window: Option<u32>,
+    #[serde(default, with = "serde_opt_duration")]
+    bound: Option<Duration>,
+    #[serde(default, with = "serde_opt_duration")]
+    floor_period: Option<Duration>,
 }
 
 fn default_timeout_seconds() -> u64 {
@@ -74,6 +87,8 @@ struct RawRule {
     max_reserved_per_namespace: Option<u32>,
     #[serde(default, with = "serde_opt_duration")]
     max_retry_after: Option<Duration>,
+    #[serde(default)]
+    adaptive: bool,
 }
 
 #[derive(Deserialize)]
@@ -178,9 +193,12 @@ impl Policy {
             }
             rules.push(rule);
         }
+        let network = build_network(raw.network, &rules, &locate)
+            .map_err(|(line, message)| error(line, message))?;
         Ok(Policy {
             timeout,
             rules,
+            network,
             exempt: Exemptions {
                 namespaces: raw.exempt.namespaces,
                 priority_classes: raw.exempt.priority_classes,
@@ -276,8 +294,60 @@ fn build_rule(
         max_not_ready: raw.max_not_ready,
         max_reserved_per_namespace,
         max_retry_after,
+        adaptive: raw.adaptive,
         gate_only: false,
     })
+}
+
+/// The network window: its bounds (defaults of `NetworkConfig`) when a rule is adaptive.
+fn build_network(
+    raw: Option<RawNetwork>,
+    rules: &[Rule],
+    locate: &Locator<'_>,
+) -> Result<Option<NetworkConfig>, (usize, String)> {
+    let defaults = NetworkConfig::default();
+    let Some(raw) = raw else {
+        return Ok(rules.iter().any(|r| r.adaptive).then_some(defaults));
+    };
+    let at = locate.key(0, "network");
+    let config = NetworkConfig {
+        min_window: raw.min_window.unwrap_or(defaults.min_window),
+        max_window: raw.max_window.unwrap_or(defaults.max_window),
+        bound_ms: raw
+            .bound
+            .map_or(defaults.bound_ms, |d| d.as_millis() as u64),
+        floor_period_ms: raw
+            .floor_period
+            .map_or(defaults.floor_period_ms, |d| d.as_millis() as u64),
+    };
+    if config.min_window == 0 {
+        return Err((
+            locate.key(at, "minWindow"),
+            "network: minWindow must be at least 1".into(),
+        ));
+    }
+    if config.min_window > config.max_window {
+        return Err((
+            locate.key(at, "minWindow"),
+            format!(
+                "network: minWindow {} is above maxWindow {}",
+                config.min_window, config.max_window
+            ),
+        ));
+    }
+    if config.bound_ms < 1_000 {
+        return Err((
+            locate.key(at, "bound"),
+            "network: bound must be at least 1s".into(),
+        ));
+    }
+    if config.floor_period_ms < config.bound_ms {
+        return Err((
+            locate.key(at, "floorPeriod"),
+            "network: floorPeriod must be at least the bound".into(),
+        ));
+    }
+    Ok(Some(config))
 }
 
 fn check_name(name: &str, err: &RuleError<'_, '_>) -> Result<(), (usize, String)> {
@@ -423,6 +493,23 @@ fn check_caps(
         return Err(err.fail(
             "maxNotReady",
             "maxNotReady applies to gate and partition, whose releases the releaser tracks".into(),
+        ));
+    }
+    if raw.adaptive && !action.is_mutating() {
+        return Err(err.fail(
+            "adaptive",
+            format!(
+                "adaptive applies to gate and partition (the pods they start), not {}",
+                action.as_str()
+            ),
+        ));
+    }
+    if raw.adaptive && raw.max_not_ready.is_none() {
+        return Err(err.fail(
+            "adaptive",
+            "adaptive needs maxNotReady: the network window bounds pods until their network is \
+             up, maxNotReady stays the cap until they are Ready"
+                .into(),
         ));
     }
     if raw.max_not_ready == Some(0) {

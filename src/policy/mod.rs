@@ -119,6 +119,29 @@ impl std::fmt::Display for Limit {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The shared network window of the rules marked `adaptive` (policy key `network`;
+/// the loop itself is `crate::pacing::network`).
+pub struct NetworkConfig {
+    pub min_window: u32,
+    pub max_window: u32,
+    /// A pod not network-ready this long after its binding is a sample at this bound.
+    pub bound_ms: u64,
+    /// The floor is the least network time of a workload over this long.
+    pub floor_period_ms: u64,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> NetworkConfig {
+        NetworkConfig {
+            min_window: 4,
+            max_window: 200,
+            bound_ms: 60_000,
+            floor_period_ms: 600_000,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Action {
     /// Admit the pod at once behind a scheduling gate; the releaser lifts it at the rate.
@@ -182,6 +205,9 @@ pub struct Rule {
     pub max_reserved_per_namespace: u32,
     /// Retry-After answers never ask for more than this; the retry then keeps its slot.
     pub max_retry_after: Duration,
+    /// For gate and partition: also bounded by the shared network window
+    /// (`Policy::network`), sized from the pods' observed network-readiness.
+    pub adaptive: bool,
     /// For gate: gate every pod, admit none at once. Never set by the policy file: the
     /// global budget sets it on replicas that do not lead the releaser, so that the
     /// leader alone decides how many pods start in a window (src/budget).
@@ -267,6 +293,8 @@ pub struct Policy {
     /// The webhook configurations' timeoutSeconds; holds and the server deadline fit inside.
     pub timeout: Duration,
     pub rules: Vec<Rule>,
+    /// The network window shared by the `adaptive` rules; None when no rule is adaptive.
+    pub network: Option<NetworkConfig>,
     pub exempt: Exemptions,
     /// Upper bound on live limiter buckets, whatever the input.
     pub max_buckets: usize,

@@ -160,6 +160,8 @@ pub(crate) fn scan_of(rule: &Rule) -> usize {
 pub(crate) enum Stop {
     /// The rule's released pods that are not Ready reached maxNotReady.
     NotReady,
+    /// The shared network window is full (adaptive rules).
+    Network,
     /// The round's cap on releases is reached; the next round follows at once.
     Cap,
 }

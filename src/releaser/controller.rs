@@ -207,6 +207,7 @@ impl Releaser {
             policy,
             now,
             max_releases: MAX_RELEASES_PER_ROUND,
+            network: None,
         };
         let ordered = order(&inputs, &self.cursor);
         let mut limiter = self.ctx.limiter();
@@ -411,6 +412,19 @@ impl Releaser {
                         w.rule_namespaces,
                         about(first_and_last(&when, w).0),
                         about(first_and_last(&when, w).1),
+                    ),
+                ),
+                Blocked::Network { in_flight, window } => (
+                    "WaitingForNetwork",
+                    format!(
+                        "{} pod(s) in this namespace wait behind the scheduling gate {GATE_NAME}: the network \
+                         window is full ({in_flight} released pod(s) wait for their network, window {window}, \
+                         sized from how fast pods get their network); releases resume as their network comes \
+                         up. {} pod(s) wait for rule {:?} in {} namespace(s).",
+                        w.pods,
+                        w.rule_pods,
+                        &*w.rule,
+                        w.rule_namespaces,
                     ),
                 ),
                 Blocked::NotReady { not_ready, max } => (

@@ -340,6 +340,7 @@ impl<'a> Sim<'a> {
                 policy: &self.policy,
                 now,
                 max_releases: MAX_RELEASES_PER_ROUND,
+                network: None,
             },
             &mut self.limiter,
             &mut cursor,
