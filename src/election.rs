@@ -14,6 +14,8 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -33,6 +35,51 @@ pub struct LeaseConfig {
     pub margin: Duration,
     /// Longest wait for one API call: a hung connection must not stall the election.
     pub call_timeout: Duration,
+    /// Annotations the leader keeps on the Lease (the network window, for the next
+    /// leader), written with each renewal, and those it last read there.
+    pub notes: Arc<Notes>,
+}
+
+/// Annotations carried on the Lease by the renewals, so that nothing else writes the
+/// Lease (a second writer would make a renewal lose its race).
+#[derive(Debug, Default)]
+pub struct Notes {
+    to_write: Mutex<BTreeMap<String, String>>,
+    seen: Mutex<BTreeMap<String, String>>,
+}
+
+impl Notes {
+    /// Written with the next renewal.
+    pub fn set(&self, key: &str, value: String) {
+        lock(&self.to_write).insert(key.to_string(), value);
+    }
+
+    /// What the Lease carried when last read.
+    pub fn seen(&self, key: &str) -> Option<String> {
+        lock(&self.seen).get(key).cloned()
+    }
+
+    fn saw(&self, lease: Option<&Lease>) {
+        let annotations = lease
+            .and_then(|l| l.metadata.annotations.clone())
+            .unwrap_or_default();
+        *lock(&self.seen) = annotations;
+    }
+
+    fn write_into(&self, lease: &mut Lease) {
+        let notes = lock(&self.to_write).clone();
+        if !notes.is_empty() {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .extend(notes);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl LeaseConfig {
@@ -46,6 +93,7 @@ impl LeaseConfig {
             retry_every: Duration::from_secs(1),
             margin: Duration::from_secs(1),
             call_timeout: Duration::from_secs(4),
+            notes: Arc::default(),
         }
     }
 }
@@ -206,6 +254,7 @@ async fn round(
         Ok(lease) => lease,
         Err(e) => return Outcome::Unknown(e.to_string()),
     };
+    config.notes.saw(lease.as_ref());
     let version = lease
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone());
@@ -257,6 +306,7 @@ async fn round(
             }
             spec.lease_duration_seconds = Some(seconds);
             spec.renew_time = Some(now);
+            config.notes.write_into(&mut lease);
             // `replace` sends metadata.resourceVersion: a concurrent writer makes it fail.
             match within(
                 limit,

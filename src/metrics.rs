@@ -239,6 +239,18 @@ pub struct GateMetrics {
     pub gate_wait: HistogramVec,
     /// releaser: Events written on gated pods
     pub gate_events: IntCounterVec,
+    /// releaser: the shared network window of the adaptive rules (crate::pacing::network)
+    pub network_window: IntGauge,
+    /// releaser: released pods of adaptive rules whose network is not up yet
+    pub network_in_flight: IntGauge,
+    /// releaser: the last sample's workload floor, in milliseconds
+    pub network_floor_ms: IntGauge,
+    /// releaser: the recent samples' 90th percentile network time, in milliseconds
+    pub network_p90_ms: IntGauge,
+    /// releaser: the reason of the last change of the window (one series set to 1)
+    pub network_last_change: IntGaugeVec,
+    /// releaser: network samples by outcome (sample, censored, deleted-first)
+    pub network_samples: IntCounterVec,
 }
 
 impl GateMetrics {
@@ -284,8 +296,40 @@ impl GateMetrics {
             gate_events: counter_vec(
                 registry,
                 "churn_throttler_gate_events_total",
-                "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady).",
+                "Kubernetes Events written on gated pods, by reason (Paced, WaitingForReady, WaitingForNetwork).",
                 &["reason"],
+            ),
+            network_window: gauge(
+                registry,
+                "churn_throttler_network_window_pods",
+                "The network window: released pods of adaptive rules that may wait for their network at once.",
+            ),
+            network_in_flight: gauge(
+                registry,
+                "churn_throttler_network_in_flight_pods",
+                "Released pods of adaptive rules whose network is not up yet.",
+            ),
+            network_floor_ms: gauge(
+                registry,
+                "churn_throttler_network_floor_milliseconds",
+                "The unloaded network time (floor) of the last sample's workload.",
+            ),
+            network_p90_ms: gauge(
+                registry,
+                "churn_throttler_network_p90_milliseconds",
+                "The 90th percentile of the recent pods' network time (binding to PodReadyToStartContainers).",
+            ),
+            network_last_change: gauge_vec(
+                registry,
+                "churn_throttler_network_window_change",
+                "1 for the reason of the network window's last change (start, slow-start, queue, probe, remeasure).",
+                &["reason"],
+            ),
+            network_samples: counter_vec(
+                registry,
+                "churn_throttler_network_samples_total",
+                "Pods whose network time was measured, by outcome (sample, censored: counted at the bound, deleted-first: left out).",
+                &["outcome"],
             ),
         }
     }

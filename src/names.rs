@@ -38,6 +38,9 @@ pub const PARTITION_HELD_SINCE_ANNOTATION: &str = "churn-throttler.io/partition-
 /// Annotation with the times of the releaser's recent steps (comma-separated RFC 3339):
 /// the record window seeding rebuilds the windows from after a restart.
 pub const PARTITION_STEPPED_AT_ANNOTATION: &str = "churn-throttler.io/partition-stepped-at";
+/// On the releaser's Lease: the network window when the leader last renewed, where a new
+/// leader starts from.
+pub const NETWORK_WINDOW_ANNOTATION: &str = "churn-throttler.io/network-window";
 /// Annotation on a pod or StatefulSet released by hand with `churn-throttler release`:
 /// who (as the API server or the kubeconfig names them) and when.
 pub const RELEASED_BY_ANNOTATION: &str = "churn-throttler.io/released-by";

@@ -49,6 +49,18 @@ pub(super) fn decide(
         // The global budget: only the releasing replica admits pods at once.
         return gated("the replica that releases decides when".to_string());
     }
+    if rule.adaptive {
+        // The network window is the leading releaser's: without its word (no releaser
+        // here, a new leader) or with the window full, the pod waits for it.
+        match queue.and_then(Snapshot::network) {
+            Some(room) if !room.full() => {}
+            Some(room) => return gated(format!(
+                "the network window is full: {} released pods wait for their network, window {}",
+                room.in_flight, room.window
+            )),
+            None => return gated("the releaser sizes the network window".to_string()),
+        }
+    }
     match limiter.acquire(&ask(false), now) {
         Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
         Outcome::Reserved { slot }

@@ -130,6 +130,7 @@ pub fn estimate_ends(
             policy,
             now: t,
             max_moves: usize::MAX,
+            network_room: None,
         });
         if plan.moves.is_empty() {
             match plan.wake_at {
@@ -237,6 +238,7 @@ fn next_step_slot(
         policy,
         now,
         max_moves: 1,
+        network_room: None,
     });
     if plan.moves.iter().any(|m| m.index() == probe) {
         return now;

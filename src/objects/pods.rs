@@ -8,6 +8,7 @@ use crate::names::{
     RELEASED_AT_ANNOTATION,
 };
 use crate::pacing::gate::{QueuedPod, ReleasedPod};
+use crate::pacing::network::PodNetwork;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
@@ -81,6 +82,53 @@ pub fn view(pod: &Pod) -> View {
             admitted_by: annotation(ADMITTED_BY_ANNOTATION),
         }),
         _ => View::Ignored,
+    }
+}
+
+/// What the network window reads of a released pod (`released`, its view): its workload,
+/// binding and network condition (src/pacing/network.rs).
+pub fn network_view(pod: &Pod, released: &ReleasedPod) -> PodNetwork {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let condition = |kind: &str| conditions.and_then(|c| c.iter().find(|c| c.type_ == kind));
+    let network = condition("PodReadyToStartContainers");
+    PodNetwork {
+        uid: released.uid.clone(),
+        workload: workload_of(pod),
+        released_at: released.released_at,
+        bound: pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+        network_ready: network.is_some_and(|c| c.status == "True"),
+        has_network_condition: network.is_some(),
+        ready: is_settled(pod),
+        deleting: pod.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// The top-level workload of a pod, `namespace/Kind/name`: a ReplicaSet's pod belongs to
+/// the Deployment (the ReplicaSet's name without the `pod-template-hash` suffix), since a
+/// ReplicaSet's uid changes with every rollout.
+fn workload_of(pod: &Pod) -> String {
+    let meta = &pod.metadata;
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let owner = meta
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)));
+    let Some(owner) = owner else {
+        return format!(
+            "{namespace}/Pod/{}",
+            meta.name.as_deref().unwrap_or_default()
+        );
+    };
+    let hash = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-template-hash"));
+    match (owner.kind.as_str(), hash) {
+        ("ReplicaSet", Some(hash)) => match owner.name.strip_suffix(&format!("-{hash}")) {
+            Some(deployment) => format!("{namespace}/Deployment/{deployment}"),
+            None => format!("{namespace}/ReplicaSet/{}", owner.name),
+        },
+        (kind, _) => format!("{namespace}/{kind}/{}", owner.name),
     }
 }
 
@@ -179,6 +227,71 @@ pub fn unlabel_patch() -> Patch {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn table_of_network_views() {
+        use serde_json::json;
+        let released = |owner: serde_json::Value,
+                        labels: serde_json::Value,
+                        status: serde_json::Value| {
+            let doc = json!({
+                "metadata": {
+                    "name": "web-5d9c7b8f6d-abcde", "namespace": "shop", "uid": "u1",
+                    "labels": labels, "ownerReferences": [owner],
+                    "annotations": { "churn-throttler.io/released-at": "2026-12-07T10:00:00.000Z" }
+                },
+                "spec": { "containers": [], "nodeName": "node-1" },
+                "status": status,
+            });
+            serde_json::from_value::<Pod>(doc).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let rs = json!({"kind": "ReplicaSet", "name": "web-5d9c7b8f6d", "uid": "rs", "apiVersion": "apps/v1", "controller": true});
+        let sts = json!({"kind": "StatefulSet", "name": "db", "uid": "s", "apiVersion": "apps/v1", "controller": true});
+        let labels = |hash: bool| {
+            let mut l = json!({ GATED_LABEL: LABEL_RELEASED });
+            if hash {
+                l["pod-template-hash"] = json!("5d9c7b8f6d");
+            }
+            l
+        };
+        let up = json!({"conditions": [{"type": "PodReadyToStartContainers", "status": "True"}]});
+        let not_up =
+            json!({"conditions": [{"type": "PodReadyToStartContainers", "status": "False"}]});
+        // (case, pod, workload, network ready, condition present)
+        let cases = [
+            (
+                "deployment through its ReplicaSet",
+                released(rs.clone(), labels(true), up.clone()),
+                "shop/Deployment/web",
+                true,
+                true,
+            ),
+            (
+                "ReplicaSet without the hash label",
+                released(rs, labels(false), not_up.clone()),
+                "shop/ReplicaSet/web-5d9c7b8f6d",
+                false,
+                true,
+            ),
+            (
+                "StatefulSet",
+                released(sts, labels(false), json!({})),
+                "shop/StatefulSet/db",
+                false,
+                false,
+            ),
+        ];
+        for (name, pod, workload, ready, present) in cases {
+            let View::Released(r) = view(&pod) else {
+                panic!("{name}: not released");
+            };
+            let v = network_view(&pod, &r);
+            assert_eq!(v.workload, workload, "{name}");
+            assert_eq!(v.network_ready, ready, "{name}");
+            assert_eq!(v.has_network_condition, present, "{name}");
+            assert!(v.bound && v.released_at.is_some(), "{name}");
+        }
+    }
+
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
     use serde_json::Value;

@@ -11,6 +11,7 @@
 //! passed over for a younger one of another owner whose bucket has room, so one
 //! controller's budget never blocks another's.
 
+pub use super::network::NetworkRoom;
 use crate::limiter::{Limiter, Millis};
 use crate::policy::{Policy, Rule};
 use crate::queue::{fifo, lanes_in_turn, serve_round, Releases, Stop};
@@ -108,20 +109,6 @@ pub struct Inputs<'a> {
     /// The network window of the adaptive rules, shared by them all: None when no rule
     /// is adaptive.
     pub network: Option<NetworkRoom>,
-}
-
-/// The shared network window as a round sees it: released pods of adaptive rules not
-/// network-ready yet, and the window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NetworkRoom {
-    pub in_flight: u32,
-    pub window: u32,
-}
-
-impl NetworkRoom {
-    pub fn full(&self) -> bool {
-        self.in_flight >= self.window
-    }
 }
 
 /// Decides this round's releases and charges each in `limiter` at `now`:

@@ -371,6 +371,134 @@ pub fn censored(workload: &str, started: Millis, bound: Millis) -> Sample {
     }
 }
 
+/// The shared network window as a round sees it: released pods of adaptive rules not
+/// network-ready yet, and the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetworkRoom {
+    pub in_flight: u32,
+    pub window: u32,
+}
+
+impl NetworkRoom {
+    pub fn full(&self) -> bool {
+        self.in_flight >= self.window
+    }
+}
+
+/// What the releaser reads of one released pod of an adaptive rule, each round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNetwork {
+    pub uid: String,
+    /// The top-level workload: namespace, kind and name of the Deployment (through the
+    /// ReplicaSet's `pod-template-hash`) or StatefulSet, Job, ...
+    pub workload: String,
+    /// From the released-at annotation.
+    pub released_at: Option<Millis>,
+    /// spec.nodeName is set.
+    pub bound: bool,
+    /// `PodReadyToStartContainers` is True.
+    pub network_ready: bool,
+    /// `PodReadyToStartContainers` is there at all (kubelets that set it).
+    pub has_network_condition: bool,
+    /// Ready (or finished).
+    pub ready: bool,
+    pub deleting: bool,
+}
+
+/// What a round's look at the released pods gave.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub samples: Vec<Sample>,
+    /// Released pods not network-ready yet (censored ones included until they are).
+    pub in_flight: u32,
+    /// Left out this round, and why.
+    pub deleted_first: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Tracked {
+    workload: String,
+    released_at: Millis,
+    /// When this process first saw it bound (its own clock, ms: the condition's
+    /// lastTransitionTime has 1 s resolution).
+    bound_at: Option<Millis>,
+    sampled: bool,
+    done: bool,
+}
+
+/// The released pods' network times, from what each round sees: the shell hands it every
+/// released pod of an adaptive rule with `now`, it hands back the samples that completed.
+#[derive(Debug, Clone, Default)]
+pub struct Tracker {
+    pods: HashMap<String, Tracked>,
+}
+
+impl Tracker {
+    pub fn observe(&mut self, now: Millis, pods: &[PodNetwork], bound: Millis) -> Observed {
+        let mut out = Observed::default();
+        let mut seen = std::collections::HashSet::with_capacity(pods.len());
+        for pod in pods {
+            seen.insert(pod.uid.as_str());
+            let tracked = self.pods.entry(pod.uid.clone()).or_insert_with(|| Tracked {
+                workload: pod.workload.clone(),
+                released_at: pod.released_at.unwrap_or(now).min(now),
+                bound_at: None,
+                sampled: false,
+                // First seen already up (a new leader, a restart): its time is unknown.
+                done: pod.network_ready || pod.ready || pod.deleting,
+            });
+            if tracked.done {
+                continue;
+            }
+            if pod.bound && tracked.bound_at.is_none() {
+                tracked.bound_at = Some(now);
+            }
+            let started = tracked.bound_at.unwrap_or(tracked.released_at);
+            let sample = |ready: Millis, censored: bool| Sample {
+                workload: tracked.workload.clone(),
+                started,
+                ready,
+                censored,
+            };
+            if pod.network_ready {
+                if !tracked.sampled {
+                    out.samples.push(sample(now, false));
+                }
+                tracked.done = true;
+            } else if pod.ready && !pod.has_network_condition {
+                // No condition from this kubelet: release -> Ready stands in for it.
+                if !tracked.sampled {
+                    out.samples.push(Sample {
+                        started: tracked.released_at,
+                        ..sample(now, false)
+                    });
+                }
+                tracked.done = true;
+            } else if pod.deleting {
+                out.deleted_first += 1;
+                tracked.done = true;
+            } else {
+                if !tracked.sampled && now.saturating_sub(started) >= bound {
+                    out.samples
+                        .push(sample(started.saturating_add(bound), true));
+                    tracked.sampled = true;
+                }
+                out.in_flight += 1;
+            }
+        }
+        self.pods.retain(|uid, _| seen.contains(uid.as_str()));
+        out
+    }
+
+    pub fn len(&self) -> usize {
+        self.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+}
+
 #[cfg(test)]
 #[path = "network_tests.rs"]
 mod tests;

@@ -207,6 +207,126 @@ fn floors_are_kept_per_workload_and_bounded() {
     assert!(w.workloads() <= MAX_WORKLOADS);
 }
 
+fn pod(uid: &str) -> PodNetwork {
+    PodNetwork {
+        uid: uid.into(),
+        workload: "ns/Deployment/web".into(),
+        released_at: Some(1_000),
+        bound: false,
+        network_ready: false,
+        has_network_condition: false,
+        ready: false,
+        deleting: false,
+    }
+}
+
+#[test]
+fn table_of_tracked_pods() {
+    // (case, rounds of (now, the pod as seen), samples expected (started, ready, censored),
+    //  in flight after the last round, deleted first)
+    type Round = (Millis, PodNetwork);
+    let bound = |p: PodNetwork| PodNetwork { bound: true, ..p };
+    let up = |p: PodNetwork| PodNetwork {
+        network_ready: true,
+        has_network_condition: true,
+        ..p
+    };
+    let ready = |p: PodNetwork| PodNetwork { ready: true, ..p };
+    let cases: Vec<(&str, Vec<Round>, Vec<(Millis, Millis, bool)>, u32, u32)> = vec![
+        (
+            "bound then network up: from the binding seen",
+            vec![
+                (1_100, pod("a")),
+                (1_300, bound(pod("a"))),
+                (3_300, up(bound(pod("a")))),
+            ],
+            vec![(1_300, 3_300, false)],
+            0,
+            0,
+        ),
+        (
+            "no condition from this kubelet: release -> Ready",
+            vec![(1_100, bound(pod("a"))), (4_000, ready(bound(pod("a"))))],
+            vec![(1_000, 4_000, false)],
+            0,
+            0,
+        ),
+        (
+            "with the condition, Ready alone is no sample",
+            vec![
+                (1_100, bound(pod("a"))),
+                (
+                    2_000,
+                    PodNetwork {
+                        has_network_condition: true,
+                        ..ready(bound(pod("a")))
+                    },
+                ),
+            ],
+            vec![],
+            1,
+            0,
+        ),
+        (
+            "never up: one sample at the bound, still in flight",
+            vec![
+                (1_100, bound(pod("a"))),
+                (70_000, bound(pod("a"))),
+                (80_000, bound(pod("a"))),
+            ],
+            vec![(1_100, 61_100, true)],
+            1,
+            0,
+        ),
+        (
+            "deleted before its network came: left out, counted",
+            vec![
+                (1_100, bound(pod("a"))),
+                (
+                    1_500,
+                    PodNetwork {
+                        deleting: true,
+                        ..bound(pod("a"))
+                    },
+                ),
+            ],
+            vec![],
+            0,
+            1,
+        ),
+        (
+            "first seen already up (a new leader): no sample",
+            vec![(5_000, up(bound(pod("a"))))],
+            vec![],
+            0,
+            0,
+        ),
+    ];
+    for (name, rounds, want, in_flight, deleted) in cases {
+        let mut tracker = Tracker::default();
+        let mut samples = Vec::new();
+        let mut last = Observed::default();
+        let mut deleted_first = 0;
+        for (now, p) in rounds {
+            last = tracker.observe(now, &[p], 60_000);
+            deleted_first += last.deleted_first;
+            samples.extend(
+                last.samples
+                    .iter()
+                    .map(|s| (s.started, s.ready, s.censored)),
+            );
+        }
+        assert_eq!(samples, want, "{name}");
+        assert_eq!(last.in_flight, in_flight, "{name}");
+        assert_eq!(deleted_first, deleted, "{name}");
+    }
+    // A pod gone from the list is forgotten.
+    let mut tracker = Tracker::default();
+    tracker.observe(1_100, &[pod("a"), pod("b")], 60_000);
+    tracker.observe(1_200, &[pod("b")], 60_000);
+    assert_eq!(tracker.len(), 1);
+}
+
 fn arb_sample() -> impl Strategy<Value = (u8, u64, u64, bool)> {
     // (workload, clock step ms, latency ms, censored)
     (0u8..4, 0u64..20_000, 0u64..90_000, any::<bool>())

@@ -291,6 +291,8 @@ pub enum Blocked {
         not_ready: u32,
         max: u32,
     },
+    /// Adaptive rules: the network window has no room for the step's replacement pod.
+    Network,
 }
 
 /// Sets of one rule in one namespace that could step but wait for the rule.
@@ -336,6 +338,12 @@ pub struct StepInputs<'a> {
     pub policy: &'a Policy,
     pub now: Millis,
     pub max_moves: usize,
+    /// Adaptive rules: how many more replacement pods the network window has room for
+    /// (its window, less the released pods not network-ready, less the pods of adaptive
+    /// gate rules still gated), shared by the adaptive partition rules; None without one.
+    /// A step deletes a pod whose replacement then waits for that room: stepping past it
+    /// would leave pods deleted and not re-created.
+    pub network_room: Option<u32>,
 }
 
 /// The rule that paces a set: the partition rule it names, else the policy's first
@@ -603,6 +611,7 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
     }
     out.moves.extend(free.into_iter().take(cap));
     let last_served = last_served(inputs);
+    let mut network_room = inputs.network_room;
 
     for (name, windows) in windows.iter_mut() {
         if let Some(indices) = candidates.remove(name) {
@@ -614,6 +623,7 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
                 &last_served,
                 windows,
                 not_ready,
+                &mut network_room,
                 left,
                 &mut out,
             );
@@ -660,6 +670,7 @@ fn plan_rule(
     last_served: &HashMap<&str, Millis>,
     windows: &mut Windows<'_>,
     not_ready: &mut u32,
+    network_room: &mut Option<u32>,
     (rule_sets, rule_pods): (usize, u64),
     out: &mut StepPlan,
 ) {
@@ -669,6 +680,12 @@ fn plan_rule(
     let (names, mut lanes) = lanes_in_turn(indices, held, last_served);
     let mut blocked: Vec<Option<Option<Millis>>> = vec![None; lanes.len()];
     let mut blocked_by_readiness = false;
+    let mut blocked_by_network = false;
+    let room = if rule.adaptive {
+        network_room
+    } else {
+        &mut None
+    };
 
     'rounds: loop {
         let mut progress = false;
@@ -684,6 +701,10 @@ fn plan_rule(
                     blocked_by_readiness = true;
                     break 'rounds;
                 }
+            }
+            if *room == Some(0) {
+                blocked_by_network = true;
+                break 'rounds;
             }
             if out.moves.len() >= inputs.max_moves {
                 out.wake_at = Some(now);
@@ -716,6 +737,9 @@ fn plan_rule(
                 record: (record != set.stepped_at).then_some(record),
             });
             *not_ready += 1;
+            if let Some(room) = room.as_mut() {
+                *room -= 1;
+            }
             progress = true;
         }
         if !progress {
@@ -727,7 +751,9 @@ fn plan_rule(
         let Some(&head) = lane.last() else {
             continue;
         };
-        let (blocked, next_in_ms) = if blocked_by_readiness {
+        let (blocked, next_in_ms) = if blocked_by_network {
+            (Blocked::Network, None)
+        } else if blocked_by_readiness {
             let max = rule.max_not_ready.unwrap_or(0);
             (
                 Blocked::NotReady {

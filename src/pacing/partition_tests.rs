@@ -70,6 +70,7 @@ pub(super) fn plan_at(held: &[HeldSet], records: &[Record], yaml: &str, now: Mil
         policy: &policy,
         now,
         max_moves: 100,
+        network_room: None,
     })
 }
 
@@ -593,6 +594,7 @@ fn at_most_max_moves_per_round_then_again_at_once() {
         policy: &policy,
         now: 7,
         max_moves: 3,
+        network_room: None,
     });
     assert_eq!(plan.moves.len(), 3);
     assert_eq!(plan.wake_at, Some(7));
@@ -620,6 +622,7 @@ fn steps_are_spaced_by_their_decision_times() {
             policy: &policy,
             now,
             max_moves: 100,
+            network_room: None,
         })
     };
     let first = plan_with(&[], 1_000);

@@ -18,6 +18,7 @@
 //! policy).
 
 use crate::limiter::{Limiter, Millis};
+use crate::pacing::network::NetworkRoom;
 use crate::policy::{Action, Policy, Rule, Scope};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -405,6 +406,8 @@ fn estimate_rule(
 pub struct Snapshot {
     pods: Vec<QueuedPod>,
     cursor: Cursor,
+    /// The shared network window after the round (adaptive rules), None without one.
+    network: Option<NetworkRoom>,
 }
 
 impl Snapshot {
@@ -414,7 +417,20 @@ impl Snapshot {
                 .cmp(&(&b.rule, &b.namespace))
                 .then_with(|| fifo(a, b))
         });
-        Snapshot { pods, cursor }
+        Snapshot {
+            pods,
+            cursor,
+            network: None,
+        }
+    }
+
+    /// The snapshot with the round's network window.
+    pub fn with_network(self, network: Option<NetworkRoom>) -> Snapshot {
+        Snapshot { network, ..self }
+    }
+
+    pub fn network(&self) -> Option<NetworkRoom> {
+        self.network
     }
 
     pub fn pods(&self) -> &[QueuedPod] {

@@ -308,6 +308,7 @@ fn a_joining_pod_counts_the_windows_and_leaves_the_limiter_alone() {
     // A release 300 ms ago: the next slot is one spacing after it.
     charge(&mut limiter, &policy, "spaced", "a", NOW - 300);
     let snapshot = Snapshot {
+        network: None,
         pods: vec![
             pod("a", "p1", "spaced", 1_000),
             pod("b", "q1", "spaced", 1_000),

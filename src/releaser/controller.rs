@@ -15,11 +15,16 @@ use super::shell::{
 use super::{Config, Context};
 use crate::election as lease;
 use crate::limiter::Millis;
-use crate::names::{format_time, GATED_LABEL, GATE_NAME};
-use crate::objects::pods::{mark_released_patch, release_patch, unlabel_patch, view, View};
+use crate::names::{format_time, GATED_LABEL, GATE_NAME, NETWORK_WINDOW_ANNOTATION};
+use crate::objects::pods::{
+    mark_released_patch, network_view, release_patch, unlabel_patch, view, View,
+};
 use crate::pacing::gate::{
     charge, gate_rule, labels_to_drop, not_ready_by_rule, order, record_seeds, to_seed, Blocked,
     Charged, Cursor, Inputs, Plan, QueuedPod, ReleaseWhy, ReleasedPod, MAX_RELEASES_PER_ROUND,
+};
+use crate::pacing::network::{
+    Change, NetworkRoom, NetworkStatus, NetworkWindow, PodNetwork, Tracker,
 };
 use crate::policy::Policy;
 use crate::queue::{estimate, EstimateInputs, Snapshot, MAX_ESTIMATED};
@@ -97,6 +102,11 @@ pub async fn run(config: Config, ctx: Arc<Context>, mut shutdown: watch::Receive
 struct Releaser {
     client: Client,
     ctx: Arc<Context>,
+    /// The shared network window of the adaptive rules and the pods it measures; None
+    /// until a policy has adaptive rules (then started from the Lease's note).
+    network: Option<(NetworkWindow, Tracker)>,
+    /// The Lease's notes: the window is recorded there for the next leader.
+    notes: Arc<crate::election::Notes>,
     charged: Charged,
     cursor: Cursor,
     failed: Backoffs,
@@ -124,6 +134,8 @@ impl Releaser {
         Releaser {
             client,
             ctx,
+            network: None,
+            notes: config.lease.notes.clone(),
             charged: Charged::default(),
             cursor: Cursor::default(),
             failed: Backoffs::default(),
@@ -162,7 +174,11 @@ impl Releaser {
                     pods.gate_at.push((gate_index, has_annotations));
                 }
                 View::UngatedElsewhere { pod } => pods.ungated.push((pod, has_annotations)),
-                View::Released(pod) => pods.released.push(pod),
+                View::Released(pod) => {
+                    pods.network
+                        .push((pod.rule.clone(), network_view(&object, &pod)));
+                    pods.released.push(pod);
+                }
                 View::Ignored => {}
             }
         }
@@ -192,6 +208,7 @@ impl Releaser {
         policy: &Policy,
         pods: &Pods,
         not_ready: &HashMap<String, u32>,
+        network: Option<NetworkRoom>,
         now: Millis,
     ) -> (Plan, usize) {
         let seeds = to_seed(
@@ -207,7 +224,7 @@ impl Releaser {
             policy,
             now,
             max_releases: MAX_RELEASES_PER_ROUND,
-            network: None,
+            network,
         };
         let ordered = order(&inputs, &self.cursor);
         let mut limiter = self.ctx.limiter();
@@ -494,7 +511,13 @@ impl Releaser {
 
     /// What the webhook in this process knows of the queue: the pods still waiting after
     /// this round's releases, and the round-robin position.
-    fn publish_queue(&self, plan: &Plan, pods: &Pods) {
+    fn publish_queue(
+        &self,
+        policy: &Policy,
+        plan: &Plan,
+        pods: &Pods,
+        network: Option<NetworkRoom>,
+    ) {
         let released: HashSet<&str> = plan
             .releases
             .iter()
@@ -506,9 +529,102 @@ impl Releaser {
             .filter(|p| !released.contains(p.uid.as_str()))
             .cloned()
             .collect();
-        self.ctx
-            .queue
-            .set(Some(Snapshot::new(waiting, self.cursor.clone())));
+        // The window after this round's releases of adaptive rules.
+        let network = network.map(|room| NetworkRoom {
+            in_flight: room.in_flight
+                + plan
+                    .releases
+                    .iter()
+                    .filter(|r| {
+                        r.rule
+                            .as_deref()
+                            .and_then(|rule| gate_rule(policy, rule))
+                            .is_some_and(|rule| rule.adaptive)
+                    })
+                    .count() as u32,
+            ..room
+        });
+        self.ctx.queue.set(Some(
+            Snapshot::new(waiting, self.cursor.clone()).with_network(network),
+        ));
+    }
+
+    /// Feeds the network window what this round sees of the adaptive rules' released
+    /// pods; None when no rule is adaptive. The window moves only on a sample.
+    fn measure_network(
+        &mut self,
+        policy: &Policy,
+        pods: &Pods,
+        now: Millis,
+    ) -> Option<NetworkRoom> {
+        let Some(config) = policy.network else {
+            self.network = None;
+            return None;
+        };
+        let notes = &self.notes;
+        let (window, tracker) = self.network.get_or_insert_with(|| {
+            let start = notes
+                .seen(NETWORK_WINDOW_ANNOTATION)
+                .and_then(|v| v.split_whitespace().next().and_then(|w| w.parse().ok()));
+            (NetworkWindow::new(config, start), Tracker::default())
+        });
+        if window.config() != config {
+            window.reconfigure(config);
+        }
+        let adaptive: Vec<PodNetwork> = pods
+            .network
+            .iter()
+            .filter(|(rule, _)| gate_rule(policy, rule).is_some_and(|r| r.adaptive))
+            .map(|(_, p)| p.clone())
+            .collect();
+        let observed = tracker.observe(now, &adaptive, config.bound_ms);
+        let metrics = &self.ctx.metrics.gate;
+        let before = window.window();
+        for sample in &observed.samples {
+            window.observe(sample);
+            let outcome = if sample.censored {
+                "censored"
+            } else {
+                "sample"
+            };
+            metrics.network_samples.with_label_values(&[outcome]).inc();
+        }
+        if observed.deleted_first > 0 {
+            metrics
+                .network_samples
+                .with_label_values(&["deleted-first"])
+                .inc_by(u64::from(observed.deleted_first));
+        }
+        let status = window.status();
+        if status.window != before {
+            tracing::info!(
+                window = status.window,
+                before,
+                reason = status.last_change.as_str(),
+                floor_ms = status.floor_ms,
+                p90_ms = status.p90_ms,
+                "releaser: network window changed"
+            );
+        }
+        metrics.network_window.set(i64::from(status.window));
+        metrics.network_in_flight.set(i64::from(observed.in_flight));
+        metrics
+            .network_floor_ms
+            .set(status.floor_ms.map_or(0, |f| f as i64));
+        metrics
+            .network_p90_ms
+            .set(status.p90_ms.map_or(0, |f| f as i64));
+        for change in Change::ALL {
+            metrics
+                .network_last_change
+                .with_label_values(&[change.as_str()])
+                .set(i64::from(change == status.last_change));
+        }
+        notes.set(NETWORK_WINDOW_ANNOTATION, describe_network(&status));
+        Some(NetworkRoom {
+            in_flight: observed.in_flight,
+            window: status.window,
+        })
     }
 
     fn publish_gauges(
@@ -550,6 +666,8 @@ struct Pods {
     gate_at: Vec<(usize, bool)>,
     ungated: Vec<(QueuedPod, bool)>,
     released: Vec<ReleasedPod>,
+    /// What the network window reads of each released pod, with its rule.
+    network: Vec<(String, PodNetwork)>,
     /// The queued pods not in back-off, and their gates.
     eligible: Vec<QueuedPod>,
     eligible_gate: Vec<(usize, bool)>,
@@ -575,7 +693,8 @@ impl Rounds for Releaser {
         let pods = self.read(reader, now);
         self.charged.prune(&policy, now);
         let not_ready = not_ready_by_rule(&pods.released);
-        let (plan, seeded) = self.plan(&policy, &pods, &not_ready, now);
+        let network = self.measure_network(&policy, &pods, now);
+        let (plan, seeded) = self.plan(&policy, &pods, &not_ready, network, now);
         if first {
             tracing::info!(
                 gated = pods.queue.len(),
@@ -591,7 +710,7 @@ impl Rounds for Releaser {
             );
         }
         self.publish_gauges(&policy, &pods.queue, &not_ready);
-        self.publish_queue(&plan, &pods);
+        self.publish_queue(&policy, &plan, &pods, network);
         let jobs = Self::jobs(&policy, &plan, &pods, now);
         self.run_jobs(jobs, leadership, now).await;
         self.drop_labels(&pods.released, &policy, leadership, now)
@@ -600,6 +719,20 @@ impl Rounds for Releaser {
             .await;
         plan.wake_at
     }
+}
+
+/// The Lease's note: the window first (a new leader starts from it), then what `status`
+/// shows, e.g. "12 floor=2.0s p90=3.1s change=queue".
+fn describe_network(status: &NetworkStatus) -> String {
+    let secs =
+        |ms: Option<Millis>| ms.map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+    format!(
+        "{} floor={} p90={} change={}",
+        status.window,
+        secs(status.floor_ms),
+        secs(status.p90_ms),
+        status.last_change.as_str()
+    )
 }
 
 /// The waits of the first and the last pod of a waiting namespace (0 when unknown).

@@ -19,6 +19,7 @@ use crate::names::format_time;
 use crate::objects::statefulsets::{
     cleanup_patch, finish_patch, let_go_patch, step_patch, view, View,
 };
+use crate::pacing::gate::gate_rule;
 use crate::pacing::gate::{longest_window, MAX_RELEASES_PER_ROUND};
 use crate::pacing::partition::{
     plan_steps, Blocked, HeldSet, LetGoWhy, Move, Record, Released, StepInputs, StepPlan, StepWhy,
@@ -200,6 +201,25 @@ impl PartitionReleaser {
         sets
     }
 
+    /// The network window's room for replacement pods, from the gate releaser's last round
+    /// in this process: its window, less the pods it counts in flight and the pods of
+    /// adaptive gate rules still gated. No word from it yet: no room (a missing signal
+    /// never opens the window).
+    fn network_room(&self, policy: &Policy) -> Option<u32> {
+        policy.network?;
+        let snapshot = self.ctx.queue.get();
+        let Some(room) = snapshot.as_deref().and_then(|s| s.network()) else {
+            return Some(0);
+        };
+        let gated = snapshot.as_deref().map_or(0, |s| {
+            s.pods()
+                .iter()
+                .filter(|p| gate_rule(policy, &p.rule).is_some_and(|r| r.adaptive))
+                .count() as u32
+        });
+        Some(room.window.saturating_sub(room.in_flight + gated))
+    }
+
     /// Plans the steps and remembers those taken, for the spacing of the next rounds.
     fn plan(&mut self, policy: &Policy, sets: &Sets, now: Millis) -> StepPlan {
         let horizon = longest_window(policy);
@@ -211,6 +231,7 @@ impl PartitionReleaser {
             policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
+            network_room: self.network_room(policy),
         });
         for m in &plan.moves {
             if let Move::Step {
@@ -483,6 +504,15 @@ impl PartitionReleaser {
                         head.partition,
                         head.replicas,
                         head.target.unwrap_or(0),
+                    ),
+                ),
+                Blocked::Network => (
+                    "WaitingForNetwork",
+                    format!(
+                        "{} StatefulSet rollout(s) in this namespace wait for their next partition step: \
+                         the network window has no room for the replacement pod (rule {:?}); steps resume \
+                         as released pods get their network.",
+                        w.sets, &*w.rule,
                     ),
                 ),
                 Blocked::NotReady { not_ready, max } => (

@@ -447,6 +447,7 @@ impl<'a> Sim<'a> {
             policy: &self.policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
+            network_room: None,
         });
         if let Some(state) = self.partition.as_mut() {
             let mut index = 0;
