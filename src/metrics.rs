@@ -52,6 +52,12 @@ pub struct ServerMetrics {
     /// policy and certificate reloads by kind and result
     pub reloads: IntCounterVec,
     pub ready: IntGauge,
+    /// connections closed to make room for a newcomer, by port, cap and kind
+    pub connections_evicted: IntCounterVec,
+    /// newcomers closed at a cap because every candidate had a request in flight
+    pub connections_refused: IntCounterVec,
+    /// open connections per port
+    pub open_connections: IntGaugeVec,
 }
 
 impl ServerMetrics {
@@ -134,6 +140,24 @@ impl ServerMetrics {
                 registry,
                 "churn_throttler_ready",
                 "1 while the server is ready to take admission reviews.",
+            ),
+            connections_evicted: counter_vec(
+                registry,
+                "churn_throttler_connections_evicted_total",
+                "Connections closed to make room for a newcomer at a cap, by port (admission, metrics), cap (port, source) and kind (never-completed, idle).",
+                &["port", "cap", "kind"],
+            ),
+            connections_refused: counter_vec(
+                registry,
+                "churn_throttler_connections_refused_total",
+                "Newcomers closed at a cap because every connection that could make room had a request in flight, by port and cap.",
+                &["port", "cap"],
+            ),
+            open_connections: gauge_vec(
+                registry,
+                "churn_throttler_open_connections",
+                "Open connections per port (admission, metrics), as of the last accept.",
+                &["port"],
             ),
         }
     }

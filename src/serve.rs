@@ -77,7 +77,9 @@ pub async fn start(mut args: ServeArgs) -> anyhow::Result<Running> {
     let (admission_limits, metrics_limits) = connection_limits(&args.connections);
     tracing::info!(
         admission = admission_limits.max_connections,
+        admission_per_source = admission_limits.max_per_source,
         metrics = metrics_limits.max_connections,
+        metrics_per_source = metrics_limits.max_per_source,
         "open connections capped per port"
     );
     tasks.spawn(server::conn::serve(
@@ -270,9 +272,16 @@ fn connection_limits(
         idle: args.idle_timeout,
         http2_ping: args.http2_ping_interval,
         max_connections: admission_cap,
+        max_per_source: args
+            .max_connections_per_source
+            .map_or(server::conn::per_source_default(admission_cap), |n| {
+                n as usize
+            })
+            .min(admission_cap),
     };
     let metrics = server::conn::Limits {
         max_connections: metrics_cap,
+        max_per_source: server::conn::per_source_default(metrics_cap),
         ..admission
     };
     (admission, metrics)
