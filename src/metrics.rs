@@ -4,7 +4,7 @@
 //! loop). Label values are bounded: rule names come from the policy, the rest are fixed sets.
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -81,6 +81,7 @@ impl ServerMetrics {
         )
         .unwrap_or_else(|e| panic!("histogram: {e}"));
         register(registry, Box::new(hold_duration.clone()));
+        register(registry, Box::new(h2_warnings().clone()));
         ServerMetrics {
             decisions: counter_vec(
                 registry,
@@ -450,6 +451,19 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let metric = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
     register(registry, Box::new(metric.clone()));
     metric
+}
+
+/// Warnings the h2 crate logged (kept out of the default log filter, see
+/// `server::logs`): one process-wide counter, registered in every registry.
+pub fn h2_warnings() -> &'static IntCounter {
+    static COUNTER: std::sync::LazyLock<IntCounter> = std::sync::LazyLock::new(|| {
+        IntCounter::new(
+            "churn_throttler_h2_warnings_total",
+            "Warnings of the HTTP/2 library (a client's protocol faults, such as a rapid-reset flood), counted instead of logged.",
+        )
+        .unwrap_or_else(|e| panic!("metric: {e}"))
+    });
+    &COUNTER
 }
 
 fn register(registry: &Registry, metric: Box<dyn prometheus::core::Collector>) {

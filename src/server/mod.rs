@@ -5,6 +5,7 @@ pub mod admission;
 pub mod certgen;
 pub mod conn;
 pub mod evict;
+pub mod logs;
 pub mod pods;
 pub mod reload;
 pub mod state;
