@@ -381,7 +381,7 @@ impl Summary {
             tracing::warn!(
                 evicted = self.evicted,
                 refused = self.refused,
-                "the {port} port was at its connection caps: connections closed to make room                  (churn_throttler_connections_evicted_total) and refused (every candidate busy)"
+                "the {port} port was at its connection caps in the last 10 s: connections closed to make room (evicted) and newcomers refused (every candidate had a request in flight)"
             );
         }
         if self.accept_errors > 0 {
