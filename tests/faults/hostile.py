@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import socket
 import ssl
 import struct
@@ -470,6 +471,80 @@ def log_uid(a):
     return result("log-uid-sent", any(ok is False for _, ok in statuses), "at least one throttled (logged at debug)")
 
 
+def evict_h2(a):
+    """An HTTP/2 connection completes a review and stays idle (PINGs answered); then
+    `count` HTTP/1.1 connections from the same address each complete a review and stay
+    open, filling the address's share: the HTTP/2 one, idle longest, is evicted with a
+    GOAWAY before the close, and every newer connection stays."""
+    s = tls_connect(a, alpn=("h2",))
+    body = review("uid-evict-h2", "eh2", "eh2", "someone-unpaced")
+    headers = b"".join(hpack_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "https"), (":path", "/validate"), (":authority", "localhost"),
+        ("content-type", "application/json"), ("content-length", str(len(body)))])
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, headers)
+              + h2_frame(0, 1, 1, body))
+    buf, answered, goaway, closed = b"", False, None, False
+
+    def pump(limit, until_closed=False):
+        nonlocal buf, answered, goaway, closed
+        end = time.monotonic() + limit
+        s.settimeout(min(0.2, limit))
+        while time.monotonic() < end and not closed:
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, TimeoutError):
+                if answered and not until_closed:
+                    return
+                continue
+            except (ConnectionError, ssl.SSLError, OSError):
+                chunk = b""
+            if not chunk:
+                closed = True
+                return
+            buf += chunk
+            while len(buf) >= 9:
+                length = int.from_bytes(buf[:3], "big")
+                if len(buf) < 9 + length:
+                    break
+                kind, flags = buf[3], buf[4]
+                stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                payload, buf = buf[9:9 + length], buf[9 + length:]
+                if kind == 4 and not flags & 1:
+                    s.sendall(h2_frame(4, 1, 0))
+                elif kind == 6 and not flags & 1:
+                    s.sendall(h2_frame(6, 1, 0, payload))
+                elif kind == 0 and stream == 1 and flags & 1:
+                    answered = True
+                elif kind == 7 and goaway is None:
+                    goaway = int.from_bytes(payload[4:8], "big")  # error code
+
+    pump(5)
+    if not answered:
+        return result("evict-h2", False, "the HTTP/2 review was not answered")
+    newer, newer_failed = [], 0
+    for i in range(a.count):
+        try:
+            c = tls_connect(a)
+            status, _, _ = post(c, review(f"uid-eh1-{i}", "eh1", f"eh1-{i}", "someone-unpaced"))
+            newer.append(c)
+        except (ConnectionError, ssl.SSLError, OSError):
+            newer_failed += 1
+        pump(0.01)
+        if closed:
+            break
+    pump(2, until_closed=True)
+    # A closed one is readable (EOF); the open ones have nothing to read.
+    readable, _, _ = select.select(newer, [], [], 0.1)
+    still = len(newer) - len(readable)
+    for c in newer:
+        c.close()
+    print(f"evict HTTP/2: after {len(newer)} newer HTTP/1.1 connections that completed a review "
+          f"({newer_failed} failed): GOAWAY {'error code ' + str(goaway) if goaway is not None else 'not seen'}, "
+          f"closed={closed}; {still} of the newer ones still open")
+    good = goaway == 0 and closed and newer_failed == 0 and still == len(newer)
+    return result("evict-h2", good, "the idle HTTP/2 connection got GOAWAY (NO_ERROR) and was closed; the newer stayed")
+
+
 def proc_figures(pid):
     """(RSS MiB, open fds) of the server process."""
     rss = 0
@@ -705,6 +780,7 @@ def main():
         "log-uid": lambda: log_uid(a),
         "conn-flood": lambda: asyncio.run(conn_flood(a)),
         "rapid-reset": lambda: rapid_reset(a),
+        "evict-h2": lambda: evict_h2(a),
     }
     sys.exit(cases[a.case]())
 

@@ -152,6 +152,8 @@ for caps in default small; do
   echo "=== connection floods, $caps caps ${EXTRA[*]}"
   LOG_LEVEL=default start "flood-$caps" "$CHURN_THROTTLER_BIN"
   grep -o 'open connections capped per port.*' "$W/flood-$caps.log" | head -n1
+  # Small caps: 50 per source; the 50th newer connection evicts the idle HTTP/2 one.
+  [[ "$caps" == small ]] && case_ evict-h2 --count 50
   if [[ "$caps" == default ]]; then
     # The usual latency: the same fresh client and probes, no flood.
     case_ conn-flood --count 0 --mcount 0 --duration 2.5 --holds 10 --latency "${FLOOD_P99_MS:-250}" \
