@@ -137,6 +137,8 @@ async def slowloris(a):
         except Exception as e:  # noqa: BLE001 (counted as not served)
             closed.append(("connect-failed", str(e)))
             ready.append(i)
+            if len(ready) == n:
+                connected.set()
             return
         ready.append(i)
         if len(ready) == n:

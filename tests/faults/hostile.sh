@@ -4,7 +4,10 @@
 # tests/faults/hostile.py: slowloris, idle TLS, idle HTTP/2, partial and missing bodies,
 # the metrics port mid-header, a full admission port under `ulimit -n 256`, SIGHUP during
 # holds, an abandoned hold, a forged uid in the debug log, a 50,000-namespace flood, a
-# too-short drain, unsupported review versions, the --dev key's mode.
+# too-short drain, unsupported review versions, the --dev key's mode; then idle-connection
+# floods on both ports against the default and small caps (eviction at the caps), an idle
+# HTTP/2 connection evicted with a GOAWAY, and an HTTP/2 rapid reset against the default
+# log filter.
 # The servers run with short timeouts (3 s head and body, 4 s idle) so the suite is quick;
 # the defaults are in docs/operations.md. Last line: `hostile: N passed, M failed`.
 set -uo pipefail
@@ -84,7 +87,11 @@ case_() {
 # HOSTILE_ONLY=flood runs the connection floods alone (while working on them).
 if [[ "${HOSTILE_ONLY:-}" != flood ]]; then
 echo "=== server 1: $CHURN_THROTTLER_BIN, timeouts ${SHORT[*]}, RUST_LOG=churn_throttler=debug"
+# One address may hold every slot here, so that the 500 slow connections below meet the
+# timeouts and not the per-source eviction (the floods further down show that one).
+EXTRA=(--max-connections-per-source 1000)
 LOG_LEVEL=churn_throttler=debug start s1 "$CHURN_THROTTLER_BIN"
+EXTRA=()
 echo "hostile: admission port $PORT, metrics port $MPORT, pid $PID"
 mode="$(stat -c %a "$W/s1/tls.key")"
 echo "serve --dev wrote tls.key with mode $mode"
