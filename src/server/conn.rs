@@ -464,6 +464,11 @@ where
         idle,
         first,
     } = conn;
+    // The first request's deadline counts from here: the handshake had its own timeout.
+    // (Eviction ranks a connection that never completed a request by `opened`, so this
+    // moves nothing there.)
+    let now = activity.origin.elapsed().as_millis() as u64;
+    activity.last_end.store(now, Ordering::SeqCst);
     let inner = TowerToHyperService::new(router);
     let tracked = activity.clone();
     let service = hyper::service::service_fn(move |request| {
