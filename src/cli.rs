@@ -134,6 +134,12 @@ pub struct ConnectionArgs {
     #[arg(long, env = "CHURN_THROTTLER_MAX_CONNECTIONS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
+    /// Open admission connections from one source address at most [default: a quarter
+    /// of --max-connections]; at this cap a newcomer closes one of that source's (the
+    /// metrics port's per-source cap is a quarter of its own).
+    #[arg(long, env = "CHURN_THROTTLER_MAX_CONNECTIONS_PER_SOURCE",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_source: Option<u32>,
     /// Open connections on the metrics/probe port at most, counted apart from the
     /// admission port's, so the probes are answered when that port is full.
     #[arg(long, env = "CHURN_THROTTLER_MAX_METRICS_CONNECTIONS", default_value_t = 64,
@@ -230,6 +236,7 @@ impl ServeArgs {
                 idle_timeout: c.idle_timeout,
                 http2_ping_interval: c.http2_ping_interval,
                 max_connections: c.max_connections,
+                max_connections_per_source: c.max_connections_per_source,
                 max_metrics_connections: c.max_metrics_connections,
             },
             releaser,

@@ -100,14 +100,5 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == LogFormat::Json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    churn_throttler::server::logs::init(format == LogFormat::Json);
 }

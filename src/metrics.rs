@@ -4,7 +4,7 @@
 //! loop). Label values are bounded: rule names come from the policy, the rest are fixed sets.
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -52,6 +52,12 @@ pub struct ServerMetrics {
     /// policy and certificate reloads by kind and result
     pub reloads: IntCounterVec,
     pub ready: IntGauge,
+    /// connections closed to make room for a newcomer, by port, cap and kind
+    pub connections_evicted: IntCounterVec,
+    /// newcomers closed at a cap because every candidate had a request in flight
+    pub connections_refused: IntCounterVec,
+    /// open connections per port
+    pub open_connections: IntGaugeVec,
 }
 
 impl ServerMetrics {
@@ -75,6 +81,7 @@ impl ServerMetrics {
         )
         .unwrap_or_else(|e| panic!("histogram: {e}"));
         register(registry, Box::new(hold_duration.clone()));
+        register(registry, Box::new(h2_warnings().clone()));
         ServerMetrics {
             decisions: counter_vec(
                 registry,
@@ -134,6 +141,24 @@ impl ServerMetrics {
                 registry,
                 "churn_throttler_ready",
                 "1 while the server is ready to take admission reviews.",
+            ),
+            connections_evicted: counter_vec(
+                registry,
+                "churn_throttler_connections_evicted_total",
+                "Connections closed to make room for a newcomer at a cap, by port (admission, metrics), cap (port, source) and kind (never-completed, idle).",
+                &["port", "cap", "kind"],
+            ),
+            connections_refused: counter_vec(
+                registry,
+                "churn_throttler_connections_refused_total",
+                "Newcomers closed at a cap because every connection that could make room had a request in flight, by port and cap.",
+                &["port", "cap"],
+            ),
+            open_connections: gauge_vec(
+                registry,
+                "churn_throttler_open_connections",
+                "Open connections per port (admission, metrics), as of the last accept.",
+                &["port"],
             ),
         }
     }
@@ -470,6 +495,19 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let metric = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
     register(registry, Box::new(metric.clone()));
     metric
+}
+
+/// Warnings the h2 crate logged (kept out of the default log filter, see
+/// `server::logs`): one process-wide counter, registered in every registry.
+pub fn h2_warnings() -> &'static IntCounter {
+    static COUNTER: std::sync::LazyLock<IntCounter> = std::sync::LazyLock::new(|| {
+        IntCounter::new(
+            "churn_throttler_h2_warnings_total",
+            "Warnings of the HTTP/2 library (a client's protocol faults, such as a rapid-reset flood), counted instead of logged.",
+        )
+        .unwrap_or_else(|e| panic!("metric: {e}"))
+    });
+    &COUNTER
 }
 
 fn register(registry: &Registry, metric: Box<dyn prometheus::core::Collector>) {

@@ -77,6 +77,8 @@ pub struct Connections {
     pub idle_timeout: Duration,
     pub http2_ping_interval: Duration,
     pub max_connections: u32,
+    /// None: a quarter of `max_connections`.
+    pub max_connections_per_source: Option<u32>,
     pub max_metrics_connections: u32,
 }
 
@@ -90,6 +92,7 @@ impl Default for Connections {
             idle_timeout: Duration::from_secs(120),
             http2_ping_interval: Duration::from_secs(30),
             max_connections: 1000,
+            max_connections_per_source: None,
             max_metrics_connections: 64,
         }
     }
@@ -157,7 +160,9 @@ pub async fn start(mut args: Config) -> anyhow::Result<Running> {
     let (admission_limits, metrics_limits) = connection_limits(&args.connections);
     tracing::info!(
         admission = admission_limits.max_connections,
+        admission_per_source = admission_limits.max_per_source,
         metrics = metrics_limits.max_connections,
+        metrics_per_source = metrics_limits.max_per_source,
         "open connections capped per port"
     );
     tasks.spawn(server::conn::serve(
@@ -352,9 +357,16 @@ fn connection_limits(args: &Connections) -> (server::conn::Limits, server::conn:
         idle: args.idle_timeout,
         http2_ping: args.http2_ping_interval,
         max_connections: admission_cap,
+        max_per_source: args
+            .max_connections_per_source
+            .map_or(server::conn::per_source_default(admission_cap), |n| {
+                n as usize
+            })
+            .min(admission_cap),
     };
     let metrics = server::conn::Limits {
         max_connections: metrics_cap,
+        max_per_source: server::conn::per_source_default(metrics_cap),
         ..admission
     };
     (admission, metrics)

@@ -1097,3 +1097,96 @@ async fn with_a_synced_pod_cache_reviews_of_pods_it_lacks_are_allowed_uncharged(
     assert_eq!(refused["status"]["code"], json!(429));
     h.stop().await;
 }
+
+/// Sum of every series of `name` whose labels contain each of `labels`.
+fn series_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+#[tokio::test]
+async fn an_idle_flood_is_evicted_and_reviews_keep_being_answered() {
+    let mut h = Harness::start_with(|a| {
+        a.connections.max_connections = 8;
+        a.connections.max_connections_per_source = Some(4);
+    })
+    .await;
+    let delete = |name: &str| edited("pod-delete-running", |r| r["request"]["name"] = json!(name));
+    // The rule `deletes` allows 1 per 2 s: the first is admitted, the second is held
+    // (in flight) through the flood and must be answered, not evicted.
+    assert_eq!(
+        answer(&h, "/validate", delete("first")).await["allowed"],
+        json!(true)
+    );
+    let held = {
+        let client = h.client.clone();
+        let url = format!("{}/validate", h.base);
+        let body = delete("held");
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+        })
+    };
+    let addr = h
+        .running
+        .as_ref()
+        .map(|r| r.tls_addr)
+        .unwrap_or_else(|| panic!("running"));
+    assert_eq!(
+        wait_metric(&h, "churn_throttler_held_requests", 1.0).await,
+        1.0
+    );
+    // 20 connections from the same address that never start a TLS handshake.
+    let mut flood = Vec::new();
+    for _ in 0..20 {
+        flood.push(
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A fresh client is answered while the flood holds its connections.
+    let fresh = answer(&h, "/validate", fixture("configmap-create")).await;
+    assert_eq!(fresh["allowed"], json!(true), "{fresh}");
+    let response = held
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("the held request was dropped: {e}"));
+    assert_eq!(response.status().as_u16(), 200);
+    let text = h.metrics_text().await;
+    let evicted = series_sum(
+        &text,
+        "churn_throttler_connections_evicted_total",
+        &[
+            "port=\"admission\"",
+            "cap=\"source\"",
+            "kind=\"never-completed\"",
+        ],
+    );
+    // 2 in the table (the held one, the flood's first), then each of the other 19 and
+    // the fresh client's made room by closing a flood connection: at least 16.
+    assert!(evicted >= 16.0, "evicted {evicted}\n{text}");
+    let refused = series_sum(&text, "churn_throttler_connections_refused_total", &[]);
+    assert_eq!(refused, 0.0, "{text}");
+    // The oldest flood connections were closed by the server.
+    use tokio::io::AsyncReadExt;
+    let mut closed = 0;
+    for stream in flood.iter_mut().take(10) {
+        let mut buf = [0u8; 16];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(500), stream.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 10, "the ten oldest flood connections are closed");
+    h.stop().await;
+}

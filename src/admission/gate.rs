@@ -54,10 +54,12 @@ pub(super) fn decide(
         // here, a new leader) or with the window full, the pod waits for it.
         match queue.and_then(Snapshot::network) {
             Some(room) if !room.full() => {}
-            Some(room) => return gated(format!(
+            Some(room) => {
+                return gated(format!(
                 "the network window is full: {} released pods wait for their network, window {}",
                 room.in_flight, room.window
-            )),
+            ))
+            }
             None => return gated("the releaser sizes the network window".to_string()),
         }
     }

@@ -4,6 +4,8 @@
 pub mod admission;
 pub mod certgen;
 pub mod conn;
+pub mod evict;
+pub mod logs;
 pub mod pod_watch;
 pub mod pods;
 pub mod reload;

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import select
 import socket
 import ssl
 import struct
@@ -136,6 +137,8 @@ async def slowloris(a):
         except Exception as e:  # noqa: BLE001 (counted as not served)
             closed.append(("connect-failed", str(e)))
             ready.append(i)
+            if len(ready) == n:
+                connected.set()
             return
         ready.append(i)
         if len(ready) == n:
@@ -470,6 +473,281 @@ def log_uid(a):
     return result("log-uid-sent", any(ok is False for _, ok in statuses), "at least one throttled (logged at debug)")
 
 
+def evict_h2(a):
+    """An HTTP/2 connection completes a review and stays idle (PINGs answered); then
+    `count` HTTP/1.1 connections from the same address each complete a review and stay
+    open, filling the address's share: the HTTP/2 one, idle longest, is evicted with a
+    GOAWAY before the close, and every newer connection stays."""
+    s = tls_connect(a, alpn=("h2",))
+    body = review("uid-evict-h2", "eh2", "eh2", "someone-unpaced")
+    headers = b"".join(hpack_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "https"), (":path", "/validate"), (":authority", "localhost"),
+        ("content-type", "application/json"), ("content-length", str(len(body)))])
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0) + h2_frame(1, 4, 1, headers)
+              + h2_frame(0, 1, 1, body))
+    buf, answered, goaway, closed = b"", False, None, False
+
+    def pump(limit, until_closed=False):
+        nonlocal buf, answered, goaway, closed
+        end = time.monotonic() + limit
+        s.settimeout(min(0.2, limit))
+        while time.monotonic() < end and not closed:
+            try:
+                chunk = s.recv(65536)
+            except (socket.timeout, TimeoutError):
+                if answered and not until_closed:
+                    return
+                continue
+            except (ConnectionError, ssl.SSLError, OSError):
+                chunk = b""
+            if not chunk:
+                closed = True
+                return
+            buf += chunk
+            while len(buf) >= 9:
+                length = int.from_bytes(buf[:3], "big")
+                if len(buf) < 9 + length:
+                    break
+                kind, flags = buf[3], buf[4]
+                stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                payload, buf = buf[9:9 + length], buf[9 + length:]
+                if kind == 4 and not flags & 1:
+                    s.sendall(h2_frame(4, 1, 0))
+                elif kind == 6 and not flags & 1:
+                    s.sendall(h2_frame(6, 1, 0, payload))
+                elif kind == 0 and stream == 1 and flags & 1:
+                    answered = True
+                elif kind == 7 and goaway is None:
+                    goaway = int.from_bytes(payload[4:8], "big")  # error code
+
+    pump(5)
+    if not answered:
+        return result("evict-h2", False, "the HTTP/2 review was not answered")
+    newer, newer_failed = [], 0
+    for i in range(a.count):
+        try:
+            c = tls_connect(a)
+            status, _, _ = post(c, review(f"uid-eh1-{i}", "eh1", f"eh1-{i}", "someone-unpaced"))
+            newer.append(c)
+        except (ConnectionError, ssl.SSLError, OSError):
+            newer_failed += 1
+        pump(0.01)
+        if closed:
+            break
+    pump(2, until_closed=True)
+    # A closed one is readable (EOF); the open ones have nothing to read.
+    readable, _, _ = select.select(newer, [], [], 0.1)
+    still = len(newer) - len(readable)
+    for c in newer:
+        c.close()
+    print(f"evict HTTP/2: after {len(newer)} newer HTTP/1.1 connections that completed a review "
+          f"({newer_failed} failed): GOAWAY {'error code ' + str(goaway) if goaway is not None else 'not seen'}, "
+          f"closed={closed}; {still} of the newer ones still open")
+    good = goaway == 0 and closed and newer_failed == 0 and still == len(newer)
+    return result("evict-h2", good, "the idle HTTP/2 connection got GOAWAY (NO_ERROR) and was closed; the newer stayed")
+
+
+def proc_figures(pid):
+    """(RSS MiB, open fds) of the server process."""
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def metric_series(a, name):
+    """{labels text: value} of every series of `name`."""
+    with socket.create_connection(("127.0.0.1", a.mport), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        _, _, body = read_response(s)
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, value = line.rpartition(" ")
+            out[key[len(name):]] = float(value)
+    return out
+
+
+async def conn_flood(a):
+    """`count` idle TLS connections to the admission port and `mcount` idle plain ones to
+    the metrics port, from `sources` loopback addresses (127.0.0.1 alone, or 127.0.0.2
+    and up), each reopened when the server closes it (the attacker reconnects), for
+    `duration` s. Meanwhile a fresh client (127.0.0.1, a new connection per round) sends
+    reviews, the probes are asked, and `holds` requests are held in flight by a hold
+    rule: every review answered within `latency` ms at p99, every probe 200, every held
+    request answered, evictions counted, RSS and fds bounded."""
+    ctx = context(a.ca)
+    # Until every connection was opened once (at most 30 s), then `duration` s more.
+    state = {"deadline": time.monotonic() + 30 + a.duration}
+    if a.sources == 1:
+        sources = ["127.0.0.1"]
+    else:
+        sources = [f"127.0.0.{i}" for i in range(2, 2 + a.sources)]
+    opened = {"admission": 0, "metrics": 0}
+    open_now = {"admission": 0, "metrics": 0}
+    peak = {"admission": 0, "metrics": 0}
+    closed_by_server = {"admission": 0, "metrics": 0}
+    latencies, connects, probes, held = [], [], [], []
+    figures = []
+    started = threading.Event()
+    gate = asyncio.Semaphore(64)  # handshakes at once, so the client side keeps up
+
+    async def one(i, port_name):
+        src = sources[i % len(sources)]
+        port = a.port if port_name == "admission" else a.mport
+        while time.monotonic() < state["deadline"]:
+            try:
+                async with gate:
+                    reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                        "127.0.0.1", port, local_addr=(src, 0),
+                        **({"ssl": ctx, "server_hostname": "localhost"} if port_name == "admission" else {})), 10)
+            except (OSError, asyncio.TimeoutError, ssl.SSLError):
+                await asyncio.sleep(0.2)
+                continue
+            opened[port_name] += 1
+            if opened["admission"] + opened["metrics"] == a.count + a.mcount:
+                state["deadline"] = time.monotonic() + a.duration
+                started.set()
+            open_now[port_name] += 1
+            peak[port_name] = max(peak[port_name], open_now[port_name])
+            try:
+                left = state["deadline"] - time.monotonic()
+                data = await asyncio.wait_for(reader.read(1), max(left, 0.01))
+                if not data:
+                    closed_by_server[port_name] += 1
+            except asyncio.TimeoutError:
+                pass
+            except (OSError, ssl.SSLError):
+                closed_by_server[port_name] += 1
+            finally:
+                open_now[port_name] -= 1
+                writer.close()
+            # The attacker reconnects; a short pause keeps this client's CPU bounded, a
+            # longer one until every connection was opened once, so the first opens
+            # are not starved by the reconnects.
+            await asyncio.sleep(0.2 if started.is_set() else 1.0)
+
+
+    def fresh():
+        started.wait(40)
+        body = review("uid-fresh", "fresh", "fresh", "someone-unpaced")
+        while time.monotonic() < state["deadline"] - 0.3:
+            t = time.monotonic()
+            try:
+                raw = socket.create_connection(("127.0.0.1", a.port), timeout=10,
+                                               source_address=("127.0.0.1", 0))
+                s = context(a.ca).wrap_socket(raw, server_hostname="localhost")
+                connects.append((time.monotonic() - t) * 1000)
+                for _ in range(5):
+                    t = time.monotonic()
+                    status, _, _ = post(s, body)
+                    latencies.append((time.monotonic() - t) * 1000 if status == 200 else 1e9)
+                s.close()
+            except (ConnectionError, ssl.SSLError, OSError) as e:
+                latencies.append(1e9)
+                print(f"fresh client: {e}")
+            for path in ("/healthz", "/readyz"):
+                try:
+                    probes.append(probe_ms(a, path))
+                except (ConnectionError, OSError) as e:
+                    probes.append((0, 0.0))
+                    print(f"probe {path}: {e}")
+            figures.append(proc_figures(a.pid))
+            time.sleep(0.2)
+
+    def holds():
+        started.wait(40)
+        time.sleep(0.5)
+        def one(i):
+            try:
+                s = tls_connect(a)
+                status, _, body = post(s, review(f"flood-hold-{i}-{time.time()}", "hold", f"fh-{i}", a.user))
+                held.append(status == 200 and json.loads(body)["response"]["allowed"] is True)
+                s.close()
+            except (ConnectionError, ssl.SSLError, OSError, ValueError) as e:
+                held.append(False)
+                print(f"held request {i}: {e}")
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(a.holds)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    evicted_before = metric_series(a, "churn_throttler_connections_evicted_total")
+    threads = [threading.Thread(target=fresh), threading.Thread(target=holds)]
+    for t in threads:
+        t.start()
+    tasks = [one(i, "admission") for i in range(a.count)] + [one(i, "metrics") for i in range(a.mcount)]
+
+    async def mark():
+        if a.count + a.mcount == 0:
+            state["deadline"] = time.monotonic() + a.duration
+            started.set()
+
+    await asyncio.gather(mark(), *tasks)
+    for t in threads:
+        t.join()
+    evicted = {k: v - evicted_before.get(k, 0) for k, v in
+               metric_series(a, "churn_throttler_connections_evicted_total").items()}
+    evicted = {k: v for k, v in evicted.items() if v}
+    refused = metric_series(a, "churn_throttler_connections_refused_total")
+    ev_adm = sum(v for k, v in evicted.items() if 'port="admission"' in k)
+    ev_met = sum(v for k, v in evicted.items() if 'port="metrics"' in k)
+    rss = max((f[0] for f in figures), default=0)
+    fds = max((f[1] for f in figures), default=0)
+    p50, p99 = pct(latencies, 50), pct(latencies, 99)
+    bad_probes = [p for p in probes if p[0] != 200]
+    print(f"flood from {len(sources)} address(es), held {a.duration:.0f} s after every connection was "
+          f"opened once: admission {opened['admission']} "
+          f"TLS connections opened ({a.count} at once asked, peak {peak['admission']} open, "
+          f"{closed_by_server['admission']} closed by the server), metrics {opened['metrics']} opened "
+          f"({a.mcount} asked, peak {peak['metrics']}, {closed_by_server['metrics']} closed by the server)")
+    print(f"  fresh client: {len(latencies)} reviews, p50 {p50:.1f} ms, p99 {p99:.1f} ms; connect+handshake "
+          f"p50 {pct(connects, 50):.1f} ms, max {max(connects, default=0):.1f} ms; probes: {len(probes)}, "
+          f"{len(bad_probes)} not 200, max {max((p[1] for p in probes), default=0):.1f} ms; "
+          f"held in flight: {sum(held)}/{len(held)} answered allowed")
+    print(f"  server: peak RSS {rss:.1f} MiB (bound {a.rss}), peak fds {fds} (bound {a.fds}); evicted "
+          f"during this flood {evicted}; refused {refused}")
+    good = (latencies and p99 <= a.latency and probes and not bad_probes and len(held) == a.holds
+            and all(held) and rss <= a.rss and fds <= a.fds and (ev_adm > 0 or a.count == 0)
+            and (ev_met > 0 or a.mcount == 0))
+    return result("conn-flood", good, f"reviews p99 <= {a.latency} ms, probes 200, held answered, "
+                  "evictions counted, RSS and fds bounded")
+
+
+def rapid_reset(a):
+    """HTTP/2 rapid reset for `duration` s: HEADERS then RST_STREAM, stream after stream,
+    reconnecting when the server sends GOAWAY. The script counts the log lines."""
+    headers = b"".join(hpack_literal(k, v) for k, v in [
+        (":method", "POST"), (":scheme", "https"), (":path", "/validate"), (":authority", "localhost")])
+    deadline = time.monotonic() + a.duration
+    streams = conns = 0
+    while time.monotonic() < deadline:
+        try:
+            s = tls_connect(a, alpn=("h2",))
+        except (ConnectionError, ssl.SSLError, OSError):
+            time.sleep(0.05)
+            continue
+        conns += 1
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0))
+        sid = 1
+        try:
+            while time.monotonic() < deadline and sid < 2**30:
+                batch = b""
+                for _ in range(50):
+                    batch += h2_frame(1, 4, sid, headers) + h2_frame(3, 0, sid, struct.pack(">I", 8))
+                    sid += 2
+                s.sendall(batch)
+                streams += 50
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass
+        s.close()
+    print(f"rapid reset: {streams} streams opened and reset over {conns} connections in {a.duration:.0f} s")
+    return result("rapid-reset", streams > 0, "sent")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("case")
@@ -483,6 +761,12 @@ def main():
     p.add_argument("--reservations", type=float, default=0)
     p.add_argument("--rss", type=float, default=0)
     p.add_argument("--user", default="system:serviceaccount:test:holder")
+    p.add_argument("--mcount", type=int, default=0)
+    p.add_argument("--sources", type=int, default=1)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--holds", type=int, default=5)
+    p.add_argument("--latency", type=float, default=100.0)
+    p.add_argument("--fds", type=float, default=0)
     a = p.parse_args()
     cases = {
         "slowloris": lambda: asyncio.run(slowloris(a)),
@@ -496,6 +780,9 @@ def main():
         "sighup": lambda: holds_and_signal(a),
         "abandoned-hold": lambda: abandoned_hold(a),
         "log-uid": lambda: log_uid(a),
+        "conn-flood": lambda: asyncio.run(conn_flood(a)),
+        "rapid-reset": lambda: rapid_reset(a),
+        "evict-h2": lambda: evict_h2(a),
     }
     sys.exit(cases[a.case]())
 

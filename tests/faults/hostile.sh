@@ -4,7 +4,10 @@
 # tests/faults/hostile.py: slowloris, idle TLS, idle HTTP/2, partial and missing bodies,
 # the metrics port mid-header, a full admission port under `ulimit -n 256`, SIGHUP during
 # holds, an abandoned hold, a forged uid in the debug log, a 50,000-namespace flood, a
-# too-short drain, unsupported review versions, the --dev key's mode.
+# too-short drain, unsupported review versions, the --dev key's mode; then idle-connection
+# floods on both ports against the default and small caps (eviction at the caps), an idle
+# HTTP/2 connection evicted with a GOAWAY, and an HTTP/2 rapid reset against the default
+# log filter.
 # The servers run with short timeouts (3 s head and body, 4 s idle) so the suite is quick;
 # the defaults are in docs/operations.md. Last line: `hostile: N passed, M failed`.
 set -uo pipefail
@@ -58,12 +61,16 @@ rules = """rules:
 """
 print(text.replace("rules:\n", rules, 1), end="")' >"$W/policy.yaml"
 
+EXTRA=()
 SHORT=(--tls-handshake-timeout 3s --header-read-timeout 3s --body-read-timeout 3s --idle-timeout 4s --http2-ping-interval 2s)
 # start NAME ARGS...: a --dev server; sets PORT, MPORT, PID, CA.
 start() {
   local name="$1"; shift
-  NO_COLOR=1 RUST_LOG="${LOG_LEVEL:-info}" "$@" serve --dev --pod-cache=false --dev-dir "$W/$name" --config "$W/policy.yaml" \
-    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --shutdown-delay 0s "${SHORT[@]}" >"$W/$name.log" 2>&1 &
+  # LOG_LEVEL=default: RUST_LOG unset, the filter a default install has.
+  local envs=(env NO_COLOR=1 RUST_LOG="${LOG_LEVEL:-info}")
+  [[ "${LOG_LEVEL:-}" == default ]] && envs=(env -u RUST_LOG NO_COLOR=1)
+  "${envs[@]}" "$@" serve --dev --pod-cache=false --dev-dir "$W/$name" --config "$W/policy.yaml" \
+    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --shutdown-delay 0s "${SHORT[@]}" "${EXTRA[@]}" >"$W/$name.log" 2>&1 &
   PID=$!
   PIDS+=("$PID")
   for _ in $(seq 1 150); do grep -q '^Metrics: curl' "$W/$name.log" 2>/dev/null && break; sleep 0.1; done
@@ -77,8 +84,14 @@ case_() {
   if python3 "$here/hostile.py" "$1" --port "$PORT" --mport "$MPORT" --ca "$CA" --pid "$PID" "${@:2}"; then ok; else bad "$1"; fi
 }
 
+# HOSTILE_ONLY=flood runs the connection floods alone (while working on them).
+if [[ "${HOSTILE_ONLY:-}" != flood ]]; then
 echo "=== server 1: $CHURN_THROTTLER_BIN, timeouts ${SHORT[*]}, RUST_LOG=churn_throttler=debug"
+# One address may hold every slot here, so that the 500 slow connections below meet the
+# timeouts and not the per-source eviction (the floods further down show that one).
+EXTRA=(--max-connections-per-source 1000)
 LOG_LEVEL=churn_throttler=debug start s1 "$CHURN_THROTTLER_BIN"
+EXTRA=()
 echo "hostile: admission port $PORT, metrics port $MPORT, pid $PID"
 mode="$(stat -c %a "$W/s1/tls.key")"
 echo "serve --dev wrote tls.key with mode $mode"
@@ -128,6 +141,50 @@ start_out="$(timeout 20 "$CHURN_THROTTLER_BIN" serve --dev --pod-cache=false --d
 rc=$?
 echo "serve --drain-timeout 1s (built-in policy, maxHold 2s): exit $rc: $(echo "$start_out" | tail -n1)"
 if (( rc != 0 && rc != 124 )) && [[ "$start_out" == *"--drain-timeout 1s is too short"* ]]; then ok; else bad "a 1 s drain was not refused"; fi
+
+fi
+
+# Idle-connection floods (issue 32): 2,000 idle TLS connections and 1,000 idle metrics
+# connections, reopened as the server closes them, from 127.0.0.1 alone and from 8
+# loopback addresses (127.0.0.2-9), against the default caps (1000 and 64, a quarter
+# per source) and small ones (200 and 16); the servers run the default timeouts and the
+# default log filter (RUST_LOG unset).
+SHORT=()
+for caps in default small; do
+  if [[ "$caps" == small ]]; then
+    EXTRA=(--max-connections 200 --max-metrics-connections 16); fds=$((200 + 16 + 100))
+  else
+    EXTRA=(); fds=$((1000 + 64 + 100))
+  fi
+  echo "=== connection floods, $caps caps ${EXTRA[*]}"
+  LOG_LEVEL=default start "flood-$caps" "$CHURN_THROTTLER_BIN"
+  grep -o 'open connections capped per port.*' "$W/flood-$caps.log" | head -n1
+  # Small caps: 50 per source; the 50th newer connection evicts the idle HTTP/2 one.
+  [[ "$caps" == small ]] && case_ evict-h2 --count 50
+  if [[ "$caps" == default ]]; then
+    # The usual latency: the same fresh client and probes, no flood.
+    case_ conn-flood --count 0 --mcount 0 --duration 2.5 --holds 10 --latency "${FLOOD_P99_MS:-250}" \
+      --rss 200 --fds "$fds" --user system:serviceaccount:test:holder
+  fi
+  for sources in 1 8; do
+    case_ conn-flood --count 2000 --mcount 1000 --sources "$sources" --duration "${FLOOD_SECONDS:-4}" \
+      --holds 10 --latency "${FLOOD_P99_MS:-250}" --rss 200 --fds "$fds" --user system:serviceaccount:test:holder
+  done
+  summaries="$(grep -c 'at its connection caps' "$W/flood-$caps.log")"
+  echo "log: $(wc -l <"$W/flood-$caps.log") lines in all, $summaries eviction summary lines"
+  if kill -0 "$PID" 2>/dev/null; then ok; else bad "the $caps-caps flood server died"; fi
+done
+EXTRA=()
+
+# HTTP/2 rapid reset against a default install's log filter: at most a few lines a second.
+echo "=== HTTP/2 rapid reset, default log filter"
+before="$(wc -l <"$W/flood-small.log")"
+case_ rapid-reset --duration 4
+sleep 0.5
+after="$(wc -l <"$W/flood-small.log")"
+h2w="$(python3 -c "import sys; sys.path.insert(0, '$here'); import hostile, argparse; a=argparse.Namespace(mport=$MPORT); print(int(hostile.metric(a, 'churn_throttler_h2_warnings_total')))")"
+echo "rapid reset: $((after - before)) log lines in 4 s; churn_throttler_h2_warnings_total $h2w"
+if (( after - before <= 12 && h2w > 0 )); then ok; else bad "rapid reset wrote $((after - before)) log lines (bound 12 in 4 s), h2 warnings counted: $h2w"; fi
 
 echo "hostile: $passed passed, $failed failed"
 (( failed == 0 ))

@@ -218,6 +218,10 @@ compare "certificates.source=certManager = overlays/cert-manager" "$root/manifes
   -- --missing Namespace/churn-throttler --extra-hooks -- --set certificates.source=certManager
 compare "serviceMonitor + prometheusRule = base + components" "$(combo mon servicemonitor prometheusrule)" \
   -- --missing Namespace/churn-throttler --extra-hooks -- --set serviceMonitor.enabled=true --set prometheusRule.enabled=true
+compare "networkPolicy.enabled=true = base + components/networkpolicy" "$(combo np networkpolicy)" \
+  -- --missing Namespace/churn-throttler --extra-hooks -- --set networkPolicy.enabled=true
+refused "a NetworkPolicy with no admission peers" "networkPolicy.admissionFrom must list" \
+  --set networkPolicy.enabled=true --set networkPolicy.admissionFrom=null
 
 # The uninstall hook: pre-delete, the webhook configurations only.
 tmpl --show-only templates/uninstall-hook.yaml >"$W/hook.yaml"

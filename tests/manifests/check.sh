@@ -172,8 +172,9 @@ declare -A variants=(
   [e2e-local]="$manifests/overlays/e2e-local"
   [base+servicemonitor]="$(combo sm servicemonitor)"
   [cert-manager+servicemonitor]="$(combo cm-sm cert-manager servicemonitor)"
+  [base+networkpolicy]="$(combo np networkpolicy)"
 )
-order=(base cert-manager e2e-local base+servicemonitor cert-manager+servicemonitor)
+order=(base cert-manager e2e-local base+servicemonitor cert-manager+servicemonitor base+networkpolicy)
 render_args=()
 for v in "${order[@]}"; do
   f="$out/$v.yaml"
@@ -230,7 +231,7 @@ else
     log "server-side dry-run against $("$kc" version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>/dev/null)"
     # The Namespace for real, or namespaced objects would be refused as in a missing namespace.
     "$kc" create namespace churn-throttler >/dev/null 2>&1 || true
-    for v in base e2e-local cert-manager+servicemonitor; do
+    for v in base e2e-local cert-manager+servicemonitor base+networkpolicy; do
       f="$out/$v.yaml"
       [[ "$v" == e2e-local ]] && f="$out/e2e-local.filled.yaml"
       [[ -f "$f" ]] || sed -e 's#__WEBHOOK_URL__#https://127.0.0.1:18443#g' \

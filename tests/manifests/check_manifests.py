@@ -200,6 +200,31 @@ def check_common(variant, docs, policy_src):
             check(f"{variant}: ServiceMonitor scrapes the plain-HTTP metrics port at /metrics",
                   eps and all(e.get("port") == "metrics" and e.get("path", "/metrics") == "/metrics" and e.get("scheme", "http") == "http" for e in eps)
                   and "metrics" in port_names)
+    np = one(docs, "NetworkPolicy", "churn-throttler")
+    if "networkpolicy" in variant:
+        if check(f"{variant}: NetworkPolicy present", np is not None):
+            check_network_policy(variant, np, dep)
+    else:
+        check(f"{variant}: no NetworkPolicy (optional, a component)", np is None)
+
+
+def check_network_policy(variant, np, dep):
+    """Selects the webhook pods, is ingress-only, and lets each container port in from
+    a non-empty peer list only (an empty `from` would admit everyone)."""
+    p = f"{variant}: NetworkPolicy"
+    labels = dep["spec"]["template"]["metadata"].get("labels") or {}
+    match = np["spec"]["podSelector"].get("matchLabels") or {}
+    check(f"{p} selects the webhook pods", match and all(labels.get(k) == v for k, v in match.items()))
+    check(f"{p} is Ingress only", np["spec"].get("policyTypes") == ["Ingress"], str(np["spec"].get("policyTypes")))
+    names = {c_port["name"] for c in dep["spec"]["template"]["spec"]["containers"] for c_port in c.get("ports") or []}
+    rules = np["spec"].get("ingress") or []
+    by_port = {}
+    for r in rules:
+        for port in r.get("ports") or []:
+            by_port.setdefault(port.get("port"), []).append(r)
+    check(f"{p} has one rule per container port ({sorted(names)})", set(by_port) == names and all(len(v) == 1 for v in by_port.values()),
+          str(sorted(by_port, key=str)))
+    check(f"{p} every rule names its peers", rules and all(r.get("from") for r in rules))
 
 
 def check_deployment(variant, dep, svc, pdb, docs):
