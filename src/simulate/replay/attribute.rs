@@ -155,6 +155,8 @@ struct PodState {
 #[derive(Debug, Default)]
 pub struct Attributor {
     pub events: Vec<PodEvent>,
+    /// Requests replayed as events (a partition decrease is one request, several steps).
+    pub replayed: u64,
     pub dropped: BTreeMap<Dropped, u64>,
     pub unattributed: BTreeMap<Unattributed, u64>,
     pods: HashMap<(String, String), PodState>,
@@ -179,6 +181,14 @@ pub fn split_ordinal(name: &str) -> Option<(&str, u32)> {
 impl Attributor {
     pub fn push(&mut self, r: Request) {
         *self.levels.entry(r.level).or_default() += 1;
+        let before = self.events.len();
+        self.push_events(r);
+        if self.events.len() > before {
+            self.replayed += 1;
+        }
+    }
+
+    fn push_events(&mut self, r: Request) {
         let controller = Controller::of(&r);
         let key = (r.namespace.clone(), r.name.clone());
         let set = (controller == Controller::StatefulSet)

@@ -78,7 +78,7 @@ pub fn text(replay: &Replay) -> String {
     let a = &replay.attributed;
     let mut s = String::new();
     let dropped: u64 = a.dropped.values().sum();
-    let replayed = c.requests - dropped;
+    let replayed = a.replayed;
     let _ = writeln!(
         s,
         "read {} lines: {} disruptive requests ({} replayed as events, {} set aside), \
