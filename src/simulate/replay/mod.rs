@@ -158,9 +158,12 @@ pub fn main(opts: &Options, csv: Option<&PathBuf>, plot: Option<&PathBuf>) -> an
     let replay = run(opts, inputs)?;
     let wall = started.elapsed().as_secs_f64();
     print!("{}", report::text(&replay));
+    let mb = replay.counts.bytes as f64 / 1e6;
     println!(
-        "read {:.1} MB in {wall:.2} s wall",
-        replay.counts.bytes as f64 / 1e6
+        "read {mb:.1} MB in {wall:.2} s wall: {:.1} MB/s, {:.0} lines/s, {:.0} disruptive requests/s",
+        mb / wall.max(1e-9),
+        replay.counts.lines as f64 / wall.max(1e-9),
+        replay.counts.requests as f64 / wall.max(1e-9)
     );
     let rows = report::rows(&replay);
     if let Some(path) = csv {
