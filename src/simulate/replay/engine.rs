@@ -255,12 +255,12 @@ impl<'a> Engine<'a> {
                 let Some((_, o)) = e.set else { continue };
                 max_ordinal = max_ordinal.max(o);
                 match e.kind {
-                    Kind::Deletions if e.user == STATEFULSET_CONTROLLER => {
-                        if !deleted.contains_key(&o) {
-                            ordinals.push(o);
-                            deleted.insert(o, e.at);
-                            replaced.push(i);
-                        }
+                    Kind::Deletions
+                        if e.user == STATEFULSET_CONTROLLER && !deleted.contains_key(&o) =>
+                    {
+                        ordinals.push(o);
+                        deleted.insert(o, e.at);
+                        replaced.push(i);
                     }
                     Kind::Creations if deleted.contains_key(&o) && !created.contains_key(&o) => {
                         created.insert(o, e.at);

@@ -137,7 +137,7 @@ pub struct Reader {
 }
 
 impl Reader {
-    pub fn new(inputs: Vec<(String, Box<dyn BufRead>)>, range: Range) -> Reader {
+    pub fn new(inputs: super::Inputs, range: Range) -> Reader {
         Reader {
             sources: inputs
                 .into_iter()

@@ -84,7 +84,7 @@ fn parse_time(flag: &str, value: &Option<String>) -> Result<Option<u64>, UsageEr
 
 /// Reads the inputs and replays them. Usage errors and "nothing to replay" come back as
 /// [`UsageError`] and [`NothingReplayed`].
-pub fn run(opts: &Options, inputs: Vec<(String, Box<dyn BufRead>)>) -> anyhow::Result<Replay> {
+pub fn run(opts: &Options, inputs: Inputs) -> anyhow::Result<Replay> {
     let policy = load_policy(opts.policy.as_ref())?;
     let range = Range {
         since: parse_time("--since", &opts.since)?,
@@ -134,8 +134,11 @@ pub fn run(opts: &Options, inputs: Vec<(String, Box<dyn BufRead>)>) -> anyhow::R
     })
 }
 
+/// Named inputs, as [`run`] reads them.
+pub type Inputs = Vec<(String, Box<dyn BufRead>)>;
+
 /// Opens every file (`-`: stdin, at most once).
-pub fn open_all(files: &[PathBuf]) -> Result<Vec<(String, Box<dyn BufRead>)>, UsageError> {
+pub fn open_all(files: &[PathBuf]) -> Result<Inputs, UsageError> {
     if files.iter().filter(|f| f.as_os_str() == "-").count() > 1 {
         return Err(UsageError(
             "--replay: stdin (-) given more than once".into(),

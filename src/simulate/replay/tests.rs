@@ -13,7 +13,7 @@ const EVENTS: &str = include_str!("../../../tests/fixtures/audit/events.jsonl");
 const ROLLOUT: &str = include_str!("../../../tests/fixtures/audit/metadata-rollout.jsonl");
 
 fn line(n: usize) -> &'static str {
-    EVENTS.lines().nth(n - 1).unwrap()
+    EVENTS.lines().nth(n - 1).expect("test data")
 }
 
 #[test]
@@ -53,7 +53,7 @@ fn each_fixture_line_is_read_as_expected() {
     assert!(!r.from_node);
     assert_eq!(
         r.received,
-        parse_rfc3339_ms("2026-05-01T10:00:01.100Z").unwrap()
+        parse_rfc3339_ms("2026-05-01T10:00:01.100Z").expect("test data")
     );
     assert_eq!(r.stage, r.received + 8);
     assert!(req(2).from_node);
@@ -94,7 +94,7 @@ fn reader_of(texts: Vec<Vec<u8>>) -> Reader {
         .enumerate()
         .map(|(i, t)| {
             let r: Box<dyn std::io::Read> = Box::new(std::io::Cursor::new(t));
-            (format!("f{i}"), from_reader(r).unwrap())
+            (format!("f{i}"), from_reader(r).expect("test data"))
         })
         .collect();
     Reader::new(inputs, Range::default())
@@ -319,8 +319,8 @@ fn generate_name_creations_pair_with_bindings_in_order() {
 
 fn gzip(text: &str) -> Vec<u8> {
     let mut e = GzEncoder::new(Vec::new(), Compression::fast());
-    e.write_all(text.as_bytes()).unwrap();
-    e.finish().unwrap()
+    e.write_all(text.as_bytes()).expect("test data");
+    e.finish().expect("test data")
 }
 
 #[test]
@@ -378,10 +378,10 @@ fn since_and_until_keep_a_range() {
         .map(|i| pod_line("delete", "", "a", &format!("p{i}"), rs, i * 1000))
         .collect::<Vec<_>>()
         .join("\n");
-    let base = parse_rfc3339_ms("2026-05-01T10:00:00Z").unwrap();
+    let base = parse_rfc3339_ms("2026-05-01T10:00:00Z").expect("test data");
     let inputs = vec![(
         "f".to_string(),
-        from_reader(Box::new(std::io::Cursor::new(text.into_bytes()))).unwrap(),
+        from_reader(Box::new(std::io::Cursor::new(text.into_bytes()))).expect("test data"),
     )];
     let range = Range {
         since: Some(base + 3000),
@@ -400,9 +400,9 @@ fn replay_text(text: &str, opt_in: &[&str]) -> Replay {
     };
     let inputs = vec![(
         "f".to_string(),
-        from_reader(Box::new(std::io::Cursor::new(text.as_bytes().to_vec()))).unwrap(),
+        from_reader(Box::new(std::io::Cursor::new(text.as_bytes().to_vec()))).expect("test data"),
     )];
-    run(&opts, inputs).unwrap()
+    run(&opts, inputs).expect("test data")
 }
 
 /// 40 StatefulSets of 3 rolled at once: far over the built-in 20 per 10 s unpaced.
@@ -437,8 +437,11 @@ fn heavy_rollout() -> String {
     let mut sorted: Vec<(u64, String)> = lines
         .into_iter()
         .map(|l| {
-            let at = l.find("stageTimestamp").unwrap();
-            (parse_rfc3339_ms(&l[at + 17..at + 41]).unwrap(), l)
+            let at = l.find("stageTimestamp").expect("test data");
+            (
+                parse_rfc3339_ms(&l[at + 17..at + 41]).expect("test data"),
+                l,
+            )
         })
         .collect();
     sorted.sort();
@@ -453,7 +456,7 @@ fn row(r: &Replay, kind: Kind) -> report::Row {
     report::rows(r)
         .into_iter()
         .find(|x| x.kind == kind)
-        .unwrap()
+        .expect("test data")
 }
 
 #[test]
@@ -468,7 +471,12 @@ fn heavy_rollout_is_paced_within_the_built_in_limit() {
         assert!(x.paced_makespan_s > x.recorded_makespan_s, "{kind:?} {x:?}");
     }
     // 120 steps at 20 per 10 s take at least 50 s.
-    assert!(row(&r, Kind::Deletions).paced_makespan_s.unwrap() >= 50.0);
+    assert!(
+        row(&r, Kind::Deletions)
+            .paced_makespan_s
+            .expect("test data")
+            >= 50.0
+    );
     assert_eq!(r.paced.workloads[&engine::Treatment::Resimulated].len(), 40);
     let steps = r
         .paced
@@ -505,7 +513,9 @@ fn csv_has_one_row_per_kind() {
         lines.next(),
         Some("kind,events,paced_events,recorded_peak,paced_peak,recorded_makespan_s,paced_makespan_s")
     );
-    let kinds: Vec<&str> = lines.map(|l| l.split(',').next().unwrap()).collect();
+    let kinds: Vec<&str> = lines
+        .map(|l| l.split(',').next().expect("test data"))
+        .collect();
     assert_eq!(
         kinds,
         [
@@ -523,10 +533,10 @@ fn a_log_without_pod_events_says_what_to_record() {
     let text = line(14).to_string() + "\n";
     let inputs = vec![(
         "f".to_string(),
-        from_reader(Box::new(std::io::Cursor::new(text.into_bytes()))).unwrap(),
+        from_reader(Box::new(std::io::Cursor::new(text.into_bytes()))).expect("test data"),
     )];
-    let err = run(&Options::default(), inputs).err().unwrap();
-    let nothing = err.downcast_ref::<NothingReplayed>().unwrap();
+    let err = run(&Options::default(), inputs).err().expect("test data");
+    let nothing = err.downcast_ref::<NothingReplayed>().expect("test data");
     assert!(nothing.0.contains("pods/binding"), "{}", nothing.0);
     assert!(nothing.0.contains("level: Metadata"), "{}", nothing.0);
 }
