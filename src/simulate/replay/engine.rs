@@ -240,17 +240,47 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        for ((ns, set), idx) in by_set {
+        for ((ns, set), all) in by_set {
             let writes = sts_writes
                 .get(&(ns.to_string(), set.to_string()))
                 .cloned()
                 .unwrap_or_default();
+            // One rollout per write: a set rolled twice in the log is re-simulated twice.
+            let mut rollouts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for &i in &all {
+                let at = self.events[i].at;
+                rollouts
+                    .entry(writes.partition_point(|&w| w <= at))
+                    .or_default()
+                    .push(i);
+            }
+            let several = rollouts.len() > 1;
+            for (nth, idx) in rollouts.into_values().enumerate() {
+                let name = match several {
+                    true => format!("{ns}/statefulset/{set} (rollout {})", nth + 1),
+                    false => format!("{ns}/statefulset/{set}"),
+                };
+                self.find_rollout(ns, set, name, &writes, &idx);
+            }
+        }
+    }
+
+    /// One rollout of a set: its ordinals in the order deleted, the delays measured.
+    fn find_rollout(
+        &mut self,
+        ns: &str,
+        set: &str,
+        name: String,
+        writes: &[Millis],
+        idx: &[usize],
+    ) {
+        {
             let mut ordinals = Vec::new();
             let (mut deleted, mut created, mut bound) =
                 (HashMap::new(), HashMap::new(), HashMap::new());
             let mut replaced = Vec::new();
             let mut max_ordinal = 0;
-            for &i in &idx {
+            for &i in idx {
                 let e = &self.events[i];
                 let Some((_, o)) = e.set else { continue };
                 max_ordinal = max_ordinal.max(o);
@@ -274,7 +304,7 @@ impl<'a> Engine<'a> {
                 }
             }
             if ordinals.is_empty() {
-                continue;
+                return;
             }
             if !writes.is_empty() {
                 self.out.inferred_steps.extend(deleted.values().copied());
@@ -303,7 +333,6 @@ impl<'a> Engine<'a> {
                 schedule: median(pair(&created, &bound)).unwrap_or(0),
                 ready: median(next_gaps).unwrap_or(0).saturating_sub(reaction),
             };
-            let name = format!("{ns}/statefulset/{set}");
             self.out.set_delays.push((name.clone(), delays));
             self.out
                 .workloads

@@ -407,31 +407,36 @@ fn replay_text(text: &str, opt_in: &[&str]) -> Replay {
 
 /// 40 StatefulSets of 3 rolled at once: far over the built-in 20 per 10 s unpaced.
 fn heavy_rollout() -> String {
+    heavy_rollouts(1)
+}
+
+/// `rounds` of [`heavy_rollout`], 10 minutes apart.
+fn heavy_rollouts(rounds: u64) -> String {
     let sts = attribute::STATEFULSET_CONTROLLER;
     let mut lines = Vec::new();
-    for s in 0..40u64 {
-        let ns = format!("t{}", s % 7);
-        let set = format!("db{s}");
-        lines.push(format!(
-            "{{\"kind\":\"Event\",\"apiVersion\":\"audit.k8s.io/v1\",\"level\":\"Metadata\",\"stage\":\"ResponseComplete\",\
-             \"verb\":\"patch\",\"user\":{{\"username\":\"admin\"}},\"objectRef\":{{\"resource\":\"statefulsets\",\
-             \"namespace\":\"{ns}\",\"name\":\"{set}\",\"apiGroup\":\"apps\"}},\"responseStatus\":{{\"code\":200}},\
-             \"requestReceivedTimestamp\":\"2026-05-01T10:00:00.000Z\",\"stageTimestamp\":\"2026-05-01T10:00:00.005Z\"}}"
-        ));
-        let mut t = 100 + s;
-        for o in (0..3).rev() {
-            let pod = format!("{set}-{o}");
-            lines.push(pod_line("delete", "", &ns, &pod, sts, t));
-            lines.push(pod_line("create", "", &ns, &pod, sts, t + 2000));
-            lines.push(pod_line(
-                "create",
-                "binding",
-                &ns,
-                &pod,
-                "system:kube-scheduler",
-                t + 2050,
-            ));
-            t += 2050 + 3000;
+    for round in 0..rounds {
+        let base = round * 600_000;
+        for s in 0..40u64 {
+            let ns = format!("t{}", s % 7);
+            let set = format!("db{s}");
+            let write = pod_line("patch", "", &ns, &set, "admin", base)
+                .replace("\"resource\":\"pods\"", "\"resource\":\"statefulsets\"");
+            lines.push(write);
+            let mut t = base + 100 + s;
+            for o in (0..3).rev() {
+                let pod = format!("{set}-{o}");
+                lines.push(pod_line("delete", "", &ns, &pod, sts, t));
+                lines.push(pod_line("create", "", &ns, &pod, sts, t + 2000));
+                lines.push(pod_line(
+                    "create",
+                    "binding",
+                    &ns,
+                    &pod,
+                    "system:kube-scheduler",
+                    t + 2050,
+                ));
+                t += 2050 + 3000;
+            }
         }
     }
     let mut sorted: Vec<(u64, String)> = lines
@@ -450,6 +455,16 @@ fn heavy_rollout() -> String {
         .map(|(_, l)| l)
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+#[test]
+fn a_set_rolled_twice_is_re_simulated_twice() {
+    let r = replay_text(&heavy_rollouts(2), &[]);
+    assert_eq!(r.paced.workloads[&engine::Treatment::Resimulated].len(), 80);
+    let x = row(&r, Kind::Deletions);
+    assert_eq!((x.events, x.paced_events), (240, 240));
+    assert!(x.paced_peak <= 20, "{x:?}");
+    assert_eq!(row(&r, Kind::PartitionSteps).paced_events, 240);
 }
 
 fn row(r: &Replay, kind: Kind) -> report::Row {
