@@ -555,3 +555,38 @@ fn a_log_without_pod_events_says_what_to_record() {
     assert!(nothing.0.contains("pods/binding"), "{}", nothing.0);
     assert!(nothing.0.contains("level: Metadata"), "{}", nothing.0);
 }
+
+proptest::proptest! {
+    /// Any mix of fixture lines, cut anywhere or with bytes flipped, never panics and
+    /// every line lands in exactly one count.
+    #[test]
+    fn any_input_is_counted_line_by_line(
+        picks in proptest::collection::vec((0usize..16, 0usize..4000, proptest::prelude::any::<u8>()), 0..40)
+    ) {
+        let lines: Vec<&str> = EVENTS.lines().collect();
+        let mut text = Vec::new();
+        for (n, cut, byte) in &picks {
+            let mut l = lines[*n].as_bytes().to_vec();
+            match cut % 3 {
+                0 => l.truncate(cut % (l.len() + 1)),
+                1 => {
+                    let at = cut % l.len();
+                    l[at] = if *byte == b'\n' { b' ' } else { *byte };
+                }
+                _ => {}
+            }
+            text.extend_from_slice(&l);
+            text.push(b'\n');
+        }
+        let mut reader = reader_of(vec![text]);
+        let a = attribute(&mut reader);
+        let c = &reader.counts;
+        proptest::prop_assert_eq!(c.lines, picks.len() as u64);
+        proptest::prop_assert_eq!(
+            c.lines,
+            c.requests + c.not_disruptive_total() + c.skipped_total() + c.out_of_range
+        );
+        let dropped: u64 = a.dropped.values().sum();
+        proptest::prop_assert_eq!(c.requests, a.replayed + dropped);
+    }
+}
