@@ -33,7 +33,12 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("churn-throttler simulate: {e:#}");
-                ExitCode::FAILURE
+                // --replay: 2 for a usage error, 1 when nothing could be replayed.
+                if e.is::<churn_throttler::simulate::replay::UsageError>() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::FAILURE
+                }
             }
         },
         Command::Demo(args) => match churn_throttler::demo::main(&args) {

@@ -3,6 +3,7 @@
 
 mod client;
 pub mod model;
+pub mod replay;
 pub mod report;
 mod requests;
 mod rng;
@@ -83,6 +84,22 @@ pub struct SimulateArgs {
     /// Print the effective scenario as YAML and the policy of each action, then exit.
     #[arg(long)]
     pub print_scenario: bool,
+    /// Replay kube-apiserver audit logs (JSON lines, plain or gzip; - for stdin) through
+    /// the policy instead of a scenario (docs/simulator.md, "Replay your audit log").
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub replay: Vec<PathBuf>,
+    /// With --replay: only requests received at or after this RFC 3339 time.
+    #[arg(long, requires = "replay")]
+    pub since: Option<String>,
+    /// With --replay: only requests received before this RFC 3339 time.
+    #[arg(long, requires = "replay")]
+    pub until: Option<String>,
+    /// With --replay: the policy file (default: the built-in policy).
+    #[arg(long, requires = "replay")]
+    pub policy: Option<PathBuf>,
+    /// With --replay: the namespaces that opt in, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', requires = "replay")]
+    pub opt_in: Vec<String>,
 }
 
 impl SimulateArgs {
@@ -148,6 +165,16 @@ pub fn simulate(sc: &Scenario) -> Result<Vec<RunResult>, String> {
 
 /// The command: prints the table, writes CSV and plot when asked.
 pub fn main(args: &SimulateArgs) -> anyhow::Result<()> {
+    if !args.replay.is_empty() {
+        let opts = replay::Options {
+            files: args.replay.clone(),
+            since: args.since.clone(),
+            until: args.until.clone(),
+            policy: args.policy.clone(),
+            opt_in: args.opt_in.clone(),
+        };
+        return replay::main(&opts, args.csv.as_ref(), args.plot.as_ref());
+    }
     let file = args.scenario_file().map_err(anyhow::Error::msg)?;
     let sc = file.build().map_err(anyhow::Error::msg)?;
     if args.print_scenario {

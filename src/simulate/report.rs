@@ -214,7 +214,7 @@ pub fn per_window(times: &[Millis], window: Millis, end: Millis) -> Vec<u32> {
 const MAX_POINTS: usize = 600;
 
 /// Series for one panel: (x in minutes, the largest per-window count in each x step).
-fn series(times: &[Millis], window: Millis, end: Millis) -> Vec<(f64, f64)> {
+pub fn series(times: &[Millis], window: Millis, end: Millis) -> Vec<(f64, f64)> {
     let counts = per_window(times, window, end);
     let group = counts.len().div_ceil(MAX_POINTS).max(1);
     counts

@@ -1,0 +1,987 @@
+//! The paced run: the recorded events replayed through the pure admission decision, the
+//! real gate release plan and the limiter, at their recorded times, with StatefulSet
+//! rollouts and ReplicaSet surges re-simulated where a delay changes what comes next.
+
+use super::attribute::{Controller, Kind, PodEvent, REPLICASET_CONTROLLER, STATEFULSET_CONTROLLER};
+use crate::admission::classify::{self, ChurnRequest};
+use crate::admission::decide::decide_churn;
+use crate::admission::{Endpoint, Verdict};
+use crate::limiter::{Identity, Limiter, Millis};
+use crate::policy::{Action, ChurnKind, Policy};
+use crate::releaser::plan::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
+use crate::simulate::requests::{base_request, statefulset_update_request, StsUpdate};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+
+/// A request refused without a retry hint (deny) is retried by its controller after this
+/// long at the earliest (client-go's work queue backoff grows from 5 ms; the decision's
+/// own wait is used when longer).
+const DENY_RETRY_MS: Millis = 1_000;
+/// Retries of one refused request at most (bounds the loop on a policy that never admits).
+const MAX_RETRIES: u32 = 100;
+
+/// How a workload was replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Treatment {
+    /// StatefulSet rollout, OrderedReady: `<set>-<n>` re-created after its predecessor.
+    Resimulated,
+    /// ReplicaSet pods of a surge rollout: each old pod deleted after its new pod started.
+    Surge,
+    /// Every request at its recorded time (only the decision moves it).
+    Shifted,
+}
+
+impl Treatment {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Treatment::Resimulated => "re-simulated (StatefulSet, OrderedReady)",
+            Treatment::Surge => "re-simulated (ReplicaSet surge: delete after the new pod started)",
+            Treatment::Shifted => "shifted in time as recorded",
+        }
+    }
+}
+
+/// Measured delays of a re-simulated StatefulSet (medians over its recorded rollout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetDelays {
+    /// Write -> first DELETE: the controller's reaction.
+    pub reaction: Millis,
+    /// DELETE -> re-CREATE of the same ordinal: termination.
+    pub terminate: Millis,
+    /// CREATE -> binding: scheduling.
+    pub schedule: Millis,
+    /// binding -> Ready, as binding -> the next ordinal's DELETE less the reaction.
+    pub ready: Millis,
+}
+
+/// One StatefulSet rollout to re-simulate.
+#[derive(Debug, Clone)]
+struct SetRollout {
+    namespace: String,
+    name: String,
+    /// Ordinals in the order the recorded rollout deleted them.
+    ordinals: Vec<u32>,
+    replicas: u32,
+    start: Millis,
+    delays: SetDelays,
+    /// Indices of the recorded events the re-simulation replaces.
+    replaced: Vec<usize>,
+}
+
+/// What the paced run produced.
+#[derive(Debug, Clone, Default)]
+pub struct Paced {
+    pub times: BTreeMap<Kind, Vec<Millis>>,
+    /// Per namespace: delays (paced - recorded) of the events both runs have.
+    pub delays: BTreeMap<String, Vec<Millis>>,
+    /// (rule, verdict) -> decisions; releases and steps under (rule, "release"/"step").
+    pub rules: BTreeMap<(String, String), u64>,
+    pub workloads: BTreeMap<Treatment, Vec<String>>,
+    pub set_delays: Vec<(String, SetDelays)>,
+    /// The recorded rollouts' steps, inferred: each ordinal the StatefulSet controller
+    /// deleted after a write to its set (Metadata level has no partition to read).
+    pub inferred_steps: Vec<Millis>,
+    /// Requests still refused after MAX_RETRIES (not in the paced run).
+    pub gave_up: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// Decide recorded event i (shifted or surge).
+    Recorded(usize),
+    /// Retry of recorded event i after a refusal.
+    Retry(usize, u32),
+    /// Set s: the rollout's template write.
+    SetWrite(usize),
+    /// Set s: step k may go (partition held) or the controller deletes ordinal k.
+    SetNext(usize, usize),
+    /// Set s, ordinal k: the replacement pod is created.
+    SetCreate(usize, usize),
+    /// A gated pod's binding, then its Ready.
+    Bound(usize),
+    Ready(usize),
+    GateWake,
+}
+
+/// A pod of the paced run that goes through the gate (or is admitted at once).
+#[derive(Debug, Clone)]
+struct PacedPod {
+    namespace: String,
+    name: String,
+    owner: String,
+    rule: Option<String>,
+    created: Millis,
+    /// Creation -> binding and binding -> Ready.
+    schedule: Millis,
+    ready: Millis,
+    /// The recorded binding (for the delay) and what to do at Ready.
+    recorded_bind: Option<Millis>,
+    then: After,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum After {
+    Nothing,
+    /// Set s's ordinal k is Ready.
+    SetReady(usize, usize),
+    /// The surge deletion (recorded event index) paired with this pod, and its recorded
+    /// gap after the pod's binding.
+    SurgeDelete(usize, Millis),
+}
+
+pub struct Engine<'a> {
+    policy: &'a Policy,
+    opt_in: &'a [String],
+    events: &'a [PodEvent],
+    limiter: Limiter,
+    heap: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
+    seq: u64,
+    sets: Vec<SetRollout>,
+    /// Held sets: steps taken (for the rule's window) and whether held.
+    held: Vec<bool>,
+    steps: Vec<Millis>,
+    step_rule: Option<(String, u32, Millis)>,
+    pods: Vec<PacedPod>,
+    queue: Vec<usize>,
+    not_ready: HashMap<String, u32>,
+    cursor: Cursor,
+    wake: Option<Millis>,
+    /// Recorded binding time per (namespace, pod).
+    binds: HashMap<(&'a str, &'a str), Millis>,
+    /// Recorded event index -> the pod it paired with (surge deletions wait for it).
+    surge_of: HashMap<usize, usize>,
+    /// The reverse: creation index -> its paired deletion.
+    surge_delete: HashMap<usize, usize>,
+    /// Pods whose creation is in the log: their bindings follow the paced creation.
+    created: HashSet<(&'a str, &'a str)>,
+    out: Paced,
+}
+
+fn median(mut v: Vec<Millis>) -> Option<Millis> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    Some(v[(v.len() - 1) / 2])
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        policy: &'a Policy,
+        opt_in: &'a [String],
+        events: &'a [PodEvent],
+        sts_writes: &BTreeMap<(String, String), Vec<Millis>>,
+    ) -> Engine<'a> {
+        let mut binds = HashMap::new();
+        let mut created = HashSet::new();
+        for e in events {
+            if e.kind == Kind::Creations && !e.name.is_empty() {
+                created.insert((e.namespace.as_str(), e.name.as_str()));
+            }
+            if e.kind == Kind::Starts {
+                binds
+                    .entry((e.namespace.as_str(), e.name.as_str()))
+                    .or_insert(e.at);
+            }
+        }
+        let step_rule = policy
+            .rules
+            .iter()
+            .find(|r| r.action == Action::Partition)
+            .and_then(|r| {
+                let l = r.limits.first()?;
+                Some((r.name.to_string(), l.events, l.window.as_millis() as Millis))
+            });
+        let mut engine = Engine {
+            policy,
+            opt_in,
+            events,
+            limiter: Limiter::new(policy.max_buckets),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            sets: Vec::new(),
+            held: Vec::new(),
+            steps: Vec::new(),
+            step_rule,
+            pods: Vec::new(),
+            queue: Vec::new(),
+            not_ready: HashMap::new(),
+            cursor: Cursor::default(),
+            wake: None,
+            binds,
+            surge_of: HashMap::new(),
+            surge_delete: HashMap::new(),
+            created,
+            out: Paced::default(),
+        };
+        engine.find_sets(sts_writes);
+        engine.find_surges();
+        engine
+    }
+
+    fn at(&mut self, t: Millis, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn opted_in(&self, namespace: &str) -> bool {
+        self.opt_in.is_empty() || self.opt_in.iter().any(|n| n == namespace)
+    }
+
+    /// StatefulSet rollouts: a write to the set, then the StatefulSet controller deleting
+    /// and re-creating `<set>-<n>` one ordinal at a time.
+    fn find_sets(&mut self, sts_writes: &BTreeMap<(String, String), Vec<Millis>>) {
+        // (namespace, set) -> event indices of its controller's pods, in order.
+        let mut by_set: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if let Some((set, _)) = &e.set {
+                if e.kind != Kind::PartitionSteps {
+                    by_set.entry((&e.namespace, set)).or_default().push(i);
+                }
+            }
+        }
+        for ((ns, set), all) in by_set {
+            let writes = sts_writes
+                .get(&(ns.to_string(), set.to_string()))
+                .cloned()
+                .unwrap_or_default();
+            // One rollout per write: a set rolled twice in the log is re-simulated twice.
+            let mut rollouts: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for &i in &all {
+                let at = self.events[i].at;
+                rollouts
+                    .entry(writes.partition_point(|&w| w <= at))
+                    .or_default()
+                    .push(i);
+            }
+            let several = rollouts.len() > 1;
+            for (nth, idx) in rollouts.into_values().enumerate() {
+                let name = match several {
+                    true => format!("{ns}/statefulset/{set} (rollout {})", nth + 1),
+                    false => format!("{ns}/statefulset/{set}"),
+                };
+                self.find_rollout(ns, set, name, &writes, &idx);
+            }
+        }
+    }
+
+    /// One rollout of a set: its ordinals in the order deleted, the delays measured.
+    fn find_rollout(
+        &mut self,
+        ns: &str,
+        set: &str,
+        name: String,
+        writes: &[Millis],
+        idx: &[usize],
+    ) {
+        {
+            let mut ordinals = Vec::new();
+            let (mut deleted, mut created, mut bound) =
+                (HashMap::new(), HashMap::new(), HashMap::new());
+            let mut replaced = Vec::new();
+            let mut max_ordinal = 0;
+            for &i in idx {
+                let e = &self.events[i];
+                let Some((_, o)) = e.set else { continue };
+                max_ordinal = max_ordinal.max(o);
+                match e.kind {
+                    Kind::Deletions
+                        if e.user == STATEFULSET_CONTROLLER && !deleted.contains_key(&o) =>
+                    {
+                        ordinals.push(o);
+                        deleted.insert(o, e.at);
+                        replaced.push(i);
+                    }
+                    Kind::Creations if deleted.contains_key(&o) && !created.contains_key(&o) => {
+                        created.insert(o, e.at);
+                        replaced.push(i);
+                    }
+                    Kind::Starts if created.contains_key(&o) && !bound.contains_key(&o) => {
+                        bound.insert(o, e.at);
+                        replaced.push(i);
+                    }
+                    _ => {}
+                }
+            }
+            if ordinals.is_empty() {
+                return;
+            }
+            if !writes.is_empty() {
+                self.out.inferred_steps.extend(deleted.values().copied());
+            }
+            let first_delete = deleted[&ordinals[0]];
+            let start = writes
+                .iter()
+                .rev()
+                .find(|&&w| w <= first_delete)
+                .copied()
+                .unwrap_or(first_delete);
+            let pair = |a: &HashMap<u32, Millis>, b: &HashMap<u32, Millis>| {
+                ordinals
+                    .iter()
+                    .filter_map(|o| Some(b.get(o)?.saturating_sub(*a.get(o)?)))
+                    .collect::<Vec<_>>()
+            };
+            let reaction = first_delete - start;
+            let next_gaps: Vec<Millis> = ordinals
+                .windows(2)
+                .filter_map(|w| Some(deleted.get(&w[1])?.saturating_sub(*bound.get(&w[0])?)))
+                .collect();
+            let delays = SetDelays {
+                reaction,
+                terminate: median(pair(&deleted, &created)).unwrap_or(0),
+                schedule: median(pair(&created, &bound)).unwrap_or(0),
+                ready: median(next_gaps).unwrap_or(0).saturating_sub(reaction),
+            };
+            self.out.set_delays.push((name.clone(), delays));
+            self.out
+                .workloads
+                .entry(Treatment::Resimulated)
+                .or_default()
+                .push(name);
+            self.sets.push(SetRollout {
+                namespace: ns.to_string(),
+                name: set.to_string(),
+                ordinals,
+                replicas: max_ordinal + 1,
+                start,
+                delays,
+                replaced,
+            });
+        }
+    }
+
+    /// ReplicaSet surges: per namespace, the k-th replicaset-controller deletion after the
+    /// k-th replicaset-controller creation's binding is paired with it.
+    fn find_surges(&mut self) {
+        let mut creates: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        let mut deletes: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if e.user != REPLICASET_CONTROLLER {
+                continue;
+            }
+            match e.kind {
+                Kind::Creations if !e.name.is_empty() => {
+                    creates.entry(&e.namespace).or_default().push(i)
+                }
+                Kind::Deletions => deletes.entry(&e.namespace).or_default().push(i),
+                _ => {}
+            }
+        }
+        for (ns, dels) in deletes {
+            let Some(cs) = creates.get(ns) else { continue };
+            let mut paired = 0;
+            for (&d, &c) in dels.iter().zip(cs) {
+                let c_ev = &self.events[c];
+                let bind = self
+                    .binds
+                    .get(&(c_ev.namespace.as_str(), c_ev.name.as_str()));
+                if bind.is_some_and(|&b| b <= self.events[d].at) {
+                    self.surge_of.insert(d, c);
+                    self.surge_delete.insert(c, d);
+                    paired += 1;
+                }
+            }
+            if paired > 0 {
+                self.out
+                    .workloads
+                    .entry(Treatment::Surge)
+                    .or_default()
+                    .push(format!("{ns}/replicaset pods ({paired} old pods paired)"));
+            }
+        }
+    }
+
+    pub fn run(mut self) -> Paced {
+        let mut replaced = vec![false; self.events.len()];
+        for s in &self.sets {
+            for &i in &s.replaced {
+                replaced[i] = true;
+            }
+        }
+        let mut shifted: BTreeMap<String, ()> = BTreeMap::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if replaced[i] {
+                continue;
+            }
+            if self.surge_of.contains_key(&i) {
+                // Scheduled when its paired new pod is Ready.
+                continue;
+            }
+            if e.kind != Kind::Starts || !self.binds_are_paced(e) {
+                shifted.insert(format!("{}/{}", e.namespace, workload_name(e)), ());
+            }
+            self.seq += 1;
+            self.heap.push(Reverse((e.at, self.seq, Ev::Recorded(i))));
+        }
+        self.out
+            .workloads
+            .insert(Treatment::Shifted, shifted.into_keys().collect());
+        for s in 0..self.sets.len() {
+            self.held.push(false);
+            self.at(self.sets[s].start, Ev::SetWrite(s));
+        }
+        let mut guard: u64 = 0;
+        let bound = 64 * (self.events.len() as u64 + 16) * u64::from(MAX_RETRIES);
+        while let Some(Reverse((now, _, ev))) = self.heap.pop() {
+            guard += 1;
+            if guard > bound {
+                break;
+            }
+            self.handle(now, ev);
+        }
+        for v in self.out.times.values_mut() {
+            v.sort_unstable();
+        }
+        self.out
+    }
+
+    /// A binding whose creation the paced run releases (it is replayed from the release).
+    fn binds_are_paced(&self, e: &PodEvent) -> bool {
+        self.created
+            .contains(&(e.namespace.as_str(), e.name.as_str()))
+    }
+
+    fn emit(&mut self, kind: Kind, t: Millis, namespace: &str, recorded: Option<Millis>) {
+        self.out.times.entry(kind).or_default().push(t);
+        if let Some(r) = recorded {
+            self.out
+                .delays
+                .entry(namespace.to_string())
+                .or_default()
+                .push(t.saturating_sub(r));
+        }
+    }
+
+    fn fired(&mut self, rule: Option<&str>, what: &str) {
+        if let Some(rule) = rule {
+            *self
+                .out
+                .rules
+                .entry((rule.to_string(), what.to_string()))
+                .or_default() += 1;
+        }
+    }
+
+    fn handle(&mut self, now: Millis, ev: Ev) {
+        match ev {
+            Ev::Recorded(i) => self.recorded(now, i, 0),
+            Ev::Retry(i, n) => self.recorded(now, i, n),
+            Ev::SetWrite(s) => self.set_write(now, s),
+            Ev::SetNext(s, k) => self.set_next(now, s, k),
+            Ev::SetCreate(s, k) => self.set_create(now, s, k),
+            Ev::Bound(p) => {
+                let pod = &self.pods[p];
+                let (ns, rec, ready) = (pod.namespace.clone(), pod.recorded_bind, pod.ready);
+                self.emit(Kind::Starts, now, &ns, rec);
+                self.at(now + ready, Ev::Ready(p));
+            }
+            Ev::Ready(p) => {
+                if let Some(rule) = self.pods[p].rule.clone() {
+                    if let Some(n) = self.not_ready.get_mut(&rule) {
+                        *n = n.saturating_sub(1);
+                    }
+                    self.gate_round(now);
+                }
+                match self.pods[p].then {
+                    After::Nothing => {}
+                    After::SetReady(s, k) => self.set_ready(now, s, k),
+                    After::SurgeDelete(i, gap) => {
+                        let t = (now + gap).max(self.events[i].at);
+                        self.at(t, Ev::Recorded(i));
+                    }
+                }
+            }
+            Ev::GateWake => {
+                if self.wake == Some(now) {
+                    self.wake = None;
+                }
+                self.gate_round(now);
+            }
+        }
+    }
+
+    // --- recorded requests, decided at their time --------------------------------------
+
+    fn recorded(&mut self, now: Millis, i: usize, tries: u32) {
+        let e = &self.events[i];
+        let recorded = Some(e.at);
+        match e.kind {
+            Kind::Starts => {
+                // A binding of a pod whose creation is not replayed: as recorded.
+                if !self.binds_are_paced(e) {
+                    let ns = e.namespace.clone();
+                    self.emit(Kind::Starts, now, &ns, recorded);
+                }
+            }
+            Kind::Creations => {
+                let ns = e.namespace.clone();
+                let schedule = self
+                    .binds
+                    .get(&(e.namespace.as_str(), e.name.as_str()))
+                    .map(|b| b.saturating_sub(e.at));
+                let bind = schedule.map(|s| e.at + s);
+                let churn = self.create_request(e);
+                let then = self
+                    .surge_delete
+                    .get(&i)
+                    .map(|&d| {
+                        let gap = self.events[d].at.saturating_sub(bind.unwrap_or(e.at));
+                        After::SurgeDelete(d, gap)
+                    })
+                    .unwrap_or(After::Nothing);
+                self.create(now, i, churn, ns, schedule, 0, bind, then, tries);
+            }
+            Kind::Deletions | Kind::Evictions | Kind::PartitionSteps => {
+                let churn = self.other_request(e);
+                if let Some(t) = self.decide_at(now, i, &churn, Endpoint::Validate, tries) {
+                    let (kind, ns) = (e.kind, e.namespace.clone());
+                    self.emit(kind, t, &ns, recorded);
+                }
+            }
+        }
+    }
+
+    /// Validating decision of a recorded request at `now`: when it takes effect, or None
+    /// when it was refused (a retry is scheduled).
+    fn decide_at(
+        &mut self,
+        now: Millis,
+        i: usize,
+        churn: &ChurnRequest,
+        endpoint: Endpoint,
+        tries: u32,
+    ) -> Option<Millis> {
+        if !self.opted_in(&churn.namespace) {
+            return Some(now);
+        }
+        let d = decide_churn(churn, endpoint, self.policy, &mut self.limiter, now);
+        self.fired(d.rule.as_deref(), d.verdict.label());
+        match d.verdict {
+            Verdict::Hold { until } => Some(until.max(now)),
+            // client-go sleeps Retry-After and comes back to its reserved slot.
+            Verdict::RetryAfter { slot, .. } => Some(slot.max(now)),
+            Verdict::Deny { wait_ms } => {
+                if tries >= MAX_RETRIES {
+                    self.out.gave_up += 1;
+                } else {
+                    self.at(now + wait_ms.max(DENY_RETRY_MS), Ev::Retry(i, tries + 1));
+                }
+                None
+            }
+            _ => Some(now),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        now: Millis,
+        i: usize,
+        churn: ChurnRequest,
+        namespace: String,
+        schedule: Option<Millis>,
+        ready: Millis,
+        recorded_bind: Option<Millis>,
+        then: After,
+        tries: u32,
+    ) {
+        let recorded = (i < self.events.len()).then(|| self.events[i].at);
+        let owner = churn.controller_uid.clone().unwrap_or_default();
+        let mut pod = PacedPod {
+            namespace: namespace.clone(),
+            name: churn.name.clone(),
+            owner,
+            rule: None,
+            created: now,
+            schedule: schedule.unwrap_or(0),
+            ready,
+            recorded_bind,
+            then,
+        };
+        if !self.opted_in(&namespace) {
+            self.emit(Kind::Creations, now, &namespace, recorded);
+            self.start_pod(now, pod, schedule.is_some());
+            return;
+        }
+        let mutate = decide_churn(
+            &churn,
+            Endpoint::Mutate,
+            self.policy,
+            &mut self.limiter,
+            now,
+        );
+        self.fired(mutate.rule.as_deref(), mutate.verdict.label());
+        match mutate.verdict {
+            Verdict::Gate { .. } => {
+                self.emit(Kind::Creations, now, &namespace, recorded);
+                pod.rule = mutate.rule.as_deref().map(str::to_string);
+                let p = self.pods.len();
+                self.pods.push(pod);
+                self.queue.push(p);
+                self.gate_round(now);
+                return;
+            }
+            Verdict::AdmitMarked { .. } => {
+                pod.rule = mutate.rule.as_deref().map(str::to_string);
+                if let Some(rule) = &pod.rule {
+                    *self.not_ready.entry(rule.clone()).or_default() += 1;
+                }
+            }
+            Verdict::RetryAfter { .. } | Verdict::Deny { .. } => {
+                let wait = match mutate.verdict {
+                    Verdict::RetryAfter { slot, .. } => slot.saturating_sub(now),
+                    Verdict::Deny { wait_ms } => wait_ms,
+                    _ => 0,
+                };
+                self.retry_create(now + wait.max(DENY_RETRY_MS), i, tries);
+                return;
+            }
+            _ => {}
+        }
+        let at = match self.decide_at(now, usize::MAX, &churn, Endpoint::Validate, MAX_RETRIES) {
+            Some(t) => t,
+            None => {
+                self.retry_create(now + DENY_RETRY_MS, i, tries);
+                return;
+            }
+        };
+        self.emit(Kind::Creations, at, &namespace, recorded);
+        self.start_pod(at, pod, schedule.is_some());
+    }
+
+    fn retry_create(&mut self, t: Millis, i: usize, tries: u32) {
+        if tries >= MAX_RETRIES || i >= self.events.len() {
+            self.out.gave_up += 1;
+        } else {
+            self.at(t, Ev::Retry(i, tries + 1));
+        }
+    }
+
+    /// An admitted (or released) pod: bound after its scheduling delay.
+    fn start_pod(&mut self, now: Millis, pod: PacedPod, bound: bool) {
+        let p = self.pods.len();
+        let schedule = pod.schedule;
+        let set_pod = matches!(pod.then, After::SetReady(..));
+        self.pods.push(pod);
+        if bound || set_pod {
+            self.at(now + schedule, Ev::Bound(p));
+        } else {
+            self.at(now, Ev::Ready(p));
+        }
+    }
+
+    fn create_request(&self, e: &PodEvent) -> ChurnRequest {
+        let owner = format!("replay:{}/{}", e.namespace, workload_name(e));
+        let identity = classify::pod_create_identity(&e.namespace, &e.name, &owner, "");
+        let mut churn = base_request(
+            ChurnKind::PodCreate,
+            &e.namespace,
+            &e.name,
+            &e.user,
+            identity,
+        );
+        churn.controller_kind = e.controller.kind_name().map(str::to_string);
+        churn.controller_uid = Some(owner);
+        churn
+    }
+
+    fn other_request(&self, e: &PodEvent) -> ChurnRequest {
+        match e.kind {
+            Kind::Evictions => base_request(
+                ChurnKind::Eviction,
+                &e.namespace,
+                &e.name,
+                &e.user,
+                Identity::Exact(format!("eviction:{}/{}", e.namespace, e.name)),
+            ),
+            Kind::PartitionSteps => {
+                let o = e.set.as_ref().map(|s| s.1).unwrap_or(0);
+                statefulset_update_request(&StsUpdate {
+                    namespace: &e.namespace,
+                    name: &e.name,
+                    uid: &format!("replay:{}/{}", e.namespace, e.name),
+                    user: &e.user,
+                    replicas: o + 1,
+                    template_changed: false,
+                    old_partition: Some(o + 1),
+                    new_partition: Some(o),
+                    update_pending: true,
+                    old_target: None,
+                    new_target: None,
+                    new_held: None,
+                })
+            }
+            _ => {
+                let mut churn = base_request(
+                    ChurnKind::PodDelete,
+                    &e.namespace,
+                    &e.name,
+                    &e.user,
+                    classify::pod_delete_identity(&e.namespace, &e.name),
+                );
+                churn.controller_kind = e.controller.kind_name().map(str::to_string);
+                churn.controller_uid = Some(format!("replay:{}/{}", e.namespace, workload_name(e)));
+                churn
+            }
+        }
+    }
+
+    // --- the gate releaser: the real plan ----------------------------------------------
+
+    fn gate_round(&mut self, now: Millis) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let queue: Vec<QueuedPod> = self
+            .queue
+            .iter()
+            .map(|&p| {
+                let pod = &self.pods[p];
+                QueuedPod {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: format!("replay-pod-{p}"),
+                    resource_version: String::new(),
+                    rule: pod.rule.clone().unwrap_or_default(),
+                    owner: Some(pod.owner.clone()),
+                    created: pod.created / 1000 * 1000,
+                }
+            })
+            .collect();
+        let mut cursor = std::mem::take(&mut self.cursor);
+        let round = plan(
+            &Inputs {
+                queue: &queue,
+                not_ready: &self.not_ready,
+                policy: self.policy,
+                now,
+                max_releases: MAX_RELEASES_PER_ROUND,
+            },
+            &mut self.limiter,
+            &mut cursor,
+        );
+        self.cursor = cursor;
+        let mut released = vec![false; queue.len()];
+        for r in &round.releases {
+            released[r.index] = true;
+            let p = self.queue[r.index];
+            let rule = r.rule.as_deref().map(str::to_string);
+            self.fired(rule.as_deref(), "release");
+            if let Some(rule) = &self.pods[p].rule {
+                *self.not_ready.entry(rule.clone()).or_default() += 1;
+            }
+            let pod = &self.pods[p];
+            let binds = pod.recorded_bind.is_some() || matches!(pod.then, After::SetReady(..));
+            if binds {
+                self.at(now + pod.schedule, Ev::Bound(p));
+            } else {
+                // Never bound in the log: released, but no start to count.
+                self.at(now, Ev::Ready(p));
+            }
+        }
+        let mut i = 0;
+        self.queue.retain(|_| {
+            i += 1;
+            !released[i - 1]
+        });
+        if !round.releases.is_empty() && !self.queue.is_empty() {
+            // More than one round's worth: the releaser goes on at once.
+            self.at(now, Ev::GateWake);
+        }
+        if let Some(at) = round.wake_at {
+            let at = at.max(now + 1);
+            if self.wake.is_none_or(|w| at < w || w < now) {
+                self.wake = Some(at);
+                self.at(at, Ev::GateWake);
+            }
+        }
+    }
+
+    // --- StatefulSet rollouts ------------------------------------------------------------
+
+    fn set_write(&mut self, now: Millis, s: usize) {
+        let set = &self.sets[s];
+        if self.opted_in(&set.namespace) {
+            let uid = format!("replay:{}/{}", set.namespace, set.name);
+            let churn = statefulset_update_request(&StsUpdate {
+                namespace: &set.namespace,
+                name: &set.name,
+                uid: &uid,
+                user: "replay:operator",
+                replicas: set.replicas,
+                template_changed: true,
+                old_partition: None,
+                new_partition: None,
+                update_pending: false,
+                old_target: None,
+                new_target: None,
+                new_held: None,
+            });
+            let d = decide_churn(
+                &churn,
+                Endpoint::Mutate,
+                self.policy,
+                &mut self.limiter,
+                now,
+            );
+            self.fired(d.rule.as_deref(), d.verdict.label());
+            self.held[s] = matches!(d.verdict, Verdict::HoldPartition { .. });
+        }
+        let first = now
+            + if self.held[s] {
+                0
+            } else {
+                self.sets[s].delays.reaction
+            };
+        self.at(first, Ev::SetNext(s, 0));
+    }
+
+    /// Step k of set s (held), or the controller's DELETE of its k-th ordinal.
+    fn set_next(&mut self, now: Millis, s: usize, k: usize) {
+        if k >= self.sets[s].ordinals.len() {
+            return;
+        }
+        if self.held[s] {
+            if let Some((rule, events, window)) = self.step_rule.clone() {
+                // The step plan's windows (releaser/partition_plan.rs): a step counts at
+                // its old pod's deletion, and until then from now on, so no window of
+                // deletions holds more than `events` however the controller lags.
+                let in_window = self.steps.iter().filter(|&&t| t + window > now).count();
+                if in_window >= events as usize {
+                    let oldest = self
+                        .steps
+                        .iter()
+                        .filter(|&&t| t + window > now)
+                        .min()
+                        .copied()
+                        .unwrap_or(now);
+                    self.at(oldest + window, Ev::SetNext(s, k));
+                    return;
+                }
+                self.steps.retain(|&t| t + window > now);
+                self.steps.push(now + self.sets[s].delays.reaction);
+                self.fired(Some(&rule), "step");
+                self.emit(
+                    Kind::PartitionSteps,
+                    now,
+                    &self.sets[s].namespace.clone(),
+                    None,
+                );
+            }
+        }
+        let set = &self.sets[s];
+        let delete_at = if self.held[s] {
+            now + set.delays.reaction
+        } else {
+            now
+        };
+        let o = set.ordinals[k];
+        let ns = set.namespace.clone();
+        let name = format!("{}-{o}", set.name);
+        let recorded = self.recorded_of(s, Kind::Deletions, o);
+        let mut churn = base_request(
+            ChurnKind::PodDelete,
+            &ns,
+            &name,
+            STATEFULSET_CONTROLLER,
+            classify::pod_delete_identity(&ns, &name),
+        );
+        churn.controller_kind = Some("StatefulSet".into());
+        let t = self
+            .decide_at(
+                delete_at,
+                usize::MAX,
+                &churn,
+                Endpoint::Validate,
+                MAX_RETRIES,
+            )
+            .unwrap_or(delete_at);
+        self.emit(Kind::Deletions, t, &ns, recorded);
+        let terminate = self.sets[s].delays.terminate;
+        self.at(t + terminate, Ev::SetCreate(s, k));
+    }
+
+    fn recorded_of(&self, s: usize, kind: Kind, o: u32) -> Option<Millis> {
+        let set = &self.sets[s];
+        set.replaced
+            .iter()
+            .map(|&i| &self.events[i])
+            .find(|e| e.kind == kind && e.set.as_ref().is_some_and(|x| x.1 == o))
+            .map(|e| e.at)
+    }
+
+    fn set_create(&mut self, now: Millis, s: usize, k: usize) {
+        let set = &self.sets[s];
+        let o = set.ordinals[k];
+        let e = PodEvent {
+            kind: Kind::Creations,
+            at: now,
+            namespace: set.namespace.clone(),
+            name: format!("{}-{o}", set.name),
+            user: STATEFULSET_CONTROLLER.to_string(),
+            controller: Controller::StatefulSet,
+            set: Some((set.name.clone(), o)),
+        };
+        let delays = set.delays;
+        let churn = self.create_request(&e);
+        let recorded = self.recorded_of(s, Kind::Starts, o);
+        // `create` records the creation against the recorded one.
+        let rec_create = self.recorded_of(s, Kind::Creations, o);
+        let before = self.out.times.get(&Kind::Creations).map_or(0, Vec::len);
+        self.create(
+            now,
+            usize::MAX,
+            churn,
+            e.namespace.clone(),
+            Some(delays.schedule),
+            delays.ready,
+            recorded,
+            After::SetReady(s, k),
+            MAX_RETRIES,
+        );
+        if let (Some(r), true) = (
+            rec_create,
+            self.out.times.get(&Kind::Creations).map_or(0, Vec::len) > before,
+        ) {
+            let t = self.out.times[&Kind::Creations]
+                .last()
+                .copied()
+                .unwrap_or(now);
+            self.out
+                .delays
+                .entry(e.namespace)
+                .or_default()
+                .push(t.saturating_sub(r));
+        }
+    }
+
+    fn set_ready(&mut self, now: Millis, s: usize, k: usize) {
+        let next = if self.held[s] {
+            now
+        } else {
+            now + self.sets[s].delays.reaction
+        };
+        self.at(next, Ev::SetNext(s, k + 1));
+    }
+}
+
+/// The workload a pod belongs to, by name: `<set>` for `<set>-<n>`, `<deployment>` for
+/// `<deployment>-<hash>-<suffix>`, else the pod's own name.
+pub fn workload_name(e: &PodEvent) -> String {
+    if let Some((set, _)) = &e.set {
+        return format!("statefulset/{set}");
+    }
+    match e.controller {
+        Controller::ReplicaSet => {
+            let mut parts = e.name.rsplitn(3, '-');
+            let (_, _, dep) = (parts.next(), parts.next(), parts.next());
+            format!(
+                "deployment/{}",
+                dep.unwrap_or(if e.name.is_empty() { "?" } else { &e.name })
+            )
+        }
+        Controller::None => "pods".to_string(),
+        c => format!("{}/{}", c.kind_name().unwrap_or("?").to_lowercase(), e.name),
+    }
+}
