@@ -7,8 +7,8 @@ use crate::admission::classify::{self, ChurnRequest};
 use crate::admission::decide::decide_churn;
 use crate::admission::{Endpoint, Verdict};
 use crate::limiter::{Identity, Limiter, Millis};
+use crate::pacing::gate::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
 use crate::policy::{Action, ChurnKind, Policy};
-use crate::releaser::plan::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
 use crate::simulate::requests::{base_request, statefulset_update_request, StsUpdate};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -757,6 +757,9 @@ impl<'a> Engine<'a> {
                 policy: self.policy,
                 now,
                 max_releases: MAX_RELEASES_PER_ROUND,
+                // An audit log does not record when pods got their network: the replay
+                // paces by the rules' rates and maxNotReady, not by the network window.
+                network: None,
             },
             &mut self.limiter,
             &mut cursor,

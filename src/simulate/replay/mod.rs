@@ -117,7 +117,7 @@ pub fn run(opts: &Options, inputs: Inputs) -> anyhow::Result<Replay> {
         );
         return Err(NothingReplayed(why).into());
     }
-    let window = crate::releaser::plan::longest_window(&policy).max(1);
+    let window = crate::pacing::gate::longest_window(&policy).max(1);
     let paced = Engine::new(
         &policy,
         &opts.opt_in,
