@@ -268,6 +268,8 @@ pub struct GateMetrics {
     pub network_window: IntGauge,
     /// releaser: released pods of adaptive rules whose network is not up yet
     pub network_in_flight: IntGauge,
+    /// releaser: the policy's minWindow, for the alert on a window pinned there
+    pub network_min_window: IntGauge,
     /// releaser: the last sample's workload floor, in milliseconds
     pub network_floor_ms: IntGauge,
     /// releaser: the recent samples' 90th percentile network time, in milliseconds
@@ -333,6 +335,11 @@ impl GateMetrics {
                 registry,
                 "churn_throttler_network_in_flight_pods",
                 "Released pods of adaptive rules whose network is not up yet.",
+            ),
+            network_min_window: gauge(
+                registry,
+                "churn_throttler_network_min_window_pods",
+                "The policy's minWindow of the network window.",
             ),
             network_floor_ms: gauge(
                 registry,

@@ -97,6 +97,13 @@ fn leader(c: &Cluster<'_>) -> Option<Leader> {
         renewed_seconds_ago: renew.map(|r| seconds_until(c.now, r)),
         lease_duration_seconds: duration,
         expired,
+        network_window: c
+            .lease?
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::names::NETWORK_WINDOW_ANNOTATION))
+            .cloned(),
     })
 }
 

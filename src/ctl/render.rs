@@ -105,8 +105,43 @@ fn header(report: &Report) -> String {
             format!("{holder} (Lease {}{renewed}){expired}", l.lease)
         }
     };
-    out.push_str(&format!("leader: {leader}\n\n"));
+    out.push_str(&format!("leader: {leader}\n"));
+    if let Some(line) = report
+        .leader
+        .as_ref()
+        .and_then(|l| l.network_window.as_deref())
+        .and_then(network_line)
+    {
+        out.push_str(&format!("{line}\n"));
+    }
+    out.push('\n');
     out
+}
+
+/// The Lease's note in words: "12 floor=2.0s p90=3.1s change=queue" reads
+/// "network window 12 (floor 2.0 s, p90 3.1 s, last change: a queue showed)".
+pub(super) fn network_line(note: &str) -> Option<String> {
+    let mut parts = note.split_whitespace();
+    let window = parts.next()?;
+    let mut fields = std::collections::HashMap::new();
+    for part in parts {
+        let (k, v) = part.split_once('=')?;
+        fields.insert(k, v.trim_end_matches('s'));
+    }
+    let change = match fields.get("change").copied().unwrap_or("") {
+        "start" => "nothing measured yet",
+        "slow-start" => "growing, network at its floor",
+        "queue" => "shrinking: a queue showed",
+        "probe" => "following the rate, probing",
+        "remeasure" => "re-measuring the floor",
+        other => other,
+    };
+    let field = |k: &str| fields.get(k).copied().unwrap_or("-");
+    Some(format!(
+        "network window {window} (floor {} s, p90 {} s, {change})",
+        field("floor"),
+        field("p90")
+    ))
 }
 
 fn rules(report: &Report) -> String {

@@ -70,6 +70,9 @@ pub struct Leader {
     pub lease_duration_seconds: Option<i32>,
     /// No renewal within the lease's duration: nobody releases until a replica takes it.
     pub expired: bool,
+    /// The adaptive rules' network window as the leader last recorded it on the Lease,
+    /// e.g. "12 floor=2.0s p90=3.1s change=queue"; None without adaptive rules.
+    pub network_window: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

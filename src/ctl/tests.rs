@@ -576,3 +576,17 @@ fn table_of_small_parsers() {
         assert_eq!(in_words(seconds), want);
     }
 }
+
+#[test]
+fn the_network_window_reads_in_words() {
+    use super::render::network_line;
+    assert_eq!(
+        network_line("12 floor=2.0s p90=3.1s change=queue").as_deref(),
+        Some("network window 12 (floor 2.0 s, p90 3.1 s, shrinking: a queue showed)")
+    );
+    assert_eq!(
+        network_line("4 floor=- p90=- change=start").as_deref(),
+        Some("network window 4 (floor - s, p90 - s, nothing measured yet)")
+    );
+    assert_eq!(network_line("").as_deref(), None);
+}

@@ -625,6 +625,23 @@ mod tests {
 
     const BASE: &str = "rules:\n  - name: r1\n    match: { resources: [pods], operations: [DELETE] }\n    limit: { events: 5, window: 10s }\n    action: retry-after\n";
 
+    /// A gate rule, for the network window's cases.
+    const GATE: &str = "rules:\n  - name: g\n    match: { resources: [pods], operations: [CREATE] }\n    limit: { events: 5, window: 10s }\n    action: gate\n";
+
+    #[test]
+    fn the_network_window_is_there_when_a_rule_is_adaptive() {
+        let plain = Policy::from_yaml(GATE, "p").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(plain.network, None);
+        let yaml = format!("{GATE}    maxNotReady: 5\n    adaptive: true\n");
+        let adaptive = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(adaptive.network, Some(NetworkConfig::default()));
+        assert!(adaptive.rules[0].adaptive);
+        let builtin = Policy::builtin();
+        assert!(builtin
+            .network
+            .is_some_and(|n| n.min_window == 4 && n.max_window == 200));
+    }
+
     #[test]
     fn errors_name_line_and_problem() {
         // (case, yaml, expected line, text the message must contain)
@@ -714,6 +731,36 @@ mod tests {
                 format!("{BASE}    maxNotReady: 3\n"),
                 6,
                 "maxNotReady applies",
+            ),
+            (
+                "adaptive on retry-after",
+                format!("{BASE}    adaptive: true\n"),
+                6,
+                "adaptive applies to gate and partition",
+            ),
+            (
+                "adaptive without maxNotReady",
+                format!("{GATE}    adaptive: true\n"),
+                6,
+                "adaptive needs maxNotReady",
+            ),
+            (
+                "minWindow above maxWindow",
+                format!("network:\n  minWindow: 10\n  maxWindow: 5\n{GATE}    maxNotReady: 5\n    adaptive: true\n"),
+                2,
+                "minWindow 10 is above maxWindow 5",
+            ),
+            (
+                "minWindow zero",
+                format!("network: {{ minWindow: 0 }}\n{GATE}"),
+                1,
+                "minWindow must be at least 1",
+            ),
+            (
+                "unknown key under network",
+                format!("network:\n  window: 5\n{GATE}"),
+                2,
+                "unknown field `window`",
             ),
         ];
         for (case, yaml, line, needle) in cases {

@@ -607,6 +607,7 @@ impl Releaser {
             );
         }
         metrics.network_window.set(i64::from(status.window));
+        metrics.network_min_window.set(i64::from(config.min_window));
         metrics.network_in_flight.set(i64::from(observed.in_flight));
         metrics
             .network_floor_ms
