@@ -4,7 +4,7 @@
 //! loop). Label values are bounded: rule names come from the policy, the rest are fixed sets.
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -151,6 +151,9 @@ pub struct LimiterMetrics {
     pub reservations_open: IntGauge,
     pub buckets: IntGauge,
     pub policy_rules: IntGauge,
+    /// sweeps finished: a stuck sweep shows as a flat line, and a test waits on it for
+    /// a sweep that ran after its request instead of sleeping
+    pub sweeps: IntCounter,
 }
 
 impl LimiterMetrics {
@@ -193,6 +196,16 @@ impl LimiterMetrics {
                 "churn_throttler_policy_rules",
                 "Rules in the policy in force.",
             ),
+            sweeps: {
+                let name = "churn_throttler_sweeps_total";
+                let metric = IntCounter::new(
+                    name,
+                    "Limiter sweeps finished (expired reservations, idle buckets, these gauges).",
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                register(registry, Box::new(metric.clone()));
+                metric
+            },
         }
     }
 }
