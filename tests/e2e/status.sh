@@ -233,11 +233,11 @@ listed="$(python3 -c 'import json,sys; print("\n".join(sorted(p["namespace"]+"/"
 extra="$(comm -13 "$W/gated-before.txt" <(echo "$listed") | grep -c . || true)"
 lost="$(comm -23 "$W/gated-after.txt" <(echo "$listed") | grep -c . || true)"
 n_listed="$(grep -c . <<<"$listed" || true)"
-(( n_listed >= 10 && extra == 0 && lost == 0 )) \
+numeric "n_listed >= 10 && extra == 0 && lost == 0" \
   && ok "status -A -o json lists every gated pod: $n_listed (gated before it: $(wc -l <"$W/gated-before.txt"), after: $(wc -l <"$W/gated-after.txt"); none missing, none extra)" \
   || bad "gated pods listed $n_listed, not gated before $extra, gated after but missing $lost"
 held_listed="$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["heldStatefulSets"]))' "$W/status.json")"
-(( held_listed == SETS )) && ok "status -A -o json lists the $SETS held StatefulSets" || bad "held sets listed: $held_listed"
+numeric "held_listed == SETS" && ok "status -A -o json lists the $SETS held StatefulSets" || bad "held sets listed: $held_listed"
 python3 - "$W/status.json" <<'PY' && ok "the JSON has the documented top level, rules and leader" || bad "JSON schema: $(head -c 300 "$W/status.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -277,10 +277,10 @@ k get pods -A -l app=web -o json >"$W/pods-final.json"
 py compare "$W/status.json" "$W/pods-final.json" $((WINDOW_S * 1000)) >"$W/compare.json"
 get() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$W/compare.json" "$1"; }
 say "estimates against released-at: $(cat "$W/compare.json")"
-(( $(get compared) == n_listed && $(get inversion_count) == 0 )) \
+numeric "$(get compared) == n_listed && $(get inversion_count) == 0" \
   && ok "the places are the releaser's order: $(get compared) pods released in the order of their positions (0 inversions)" \
   || bad "order: $(get compared) of $n_listed compared, $(get inversion_count) inversions: $(get inversions)"
-(( $(get within_window) == $(get compared) )) \
+numeric "$(get within_window) == $(get compared)" \
   && ok "every estimate within one window ($WINDOW_S s) of the real release: max error $(get max_error_s) s, median $(get median_error_s) s, mean lateness $(get mean_late_s) s; last release $(get last_release_after_status_s) s after status, estimated $(get last_estimated_after_status_s) s" \
   || bad "estimates: $(get within_window) of $(get compared) within a window; max error $(get max_error_s) s at $(get worst)"
 
@@ -308,7 +308,7 @@ print(len(ahead), *max(ahead, default=(0, "-")))
 PY
 )"
 read -r n_warned max_ahead max_wait <<<"$warned"
-(( n_warned >= 20 && max_ahead >= 15 )) \
+numeric "n_warned >= 20 && max_ahead >= 15" \
   && ok "the webhook's warning on gated pods counts the queue ahead: $n_warned gated with a warning, up to $max_ahead pods ahead (told about $max_wait)" \
   || bad "admission warnings: $n_warned, most pods ahead $max_ahead"
 paced="$(k get events.events.k8s.io -A -o json | python3 -c '
@@ -373,7 +373,7 @@ print(ok)' "$W/c-gated.txt" "$OPERATOR")"
 events_c="$(k -n st-c get events.events.k8s.io -o json | python3 -c '
 import json, sys
 print(sum(1 for e in json.load(sys.stdin)["items"] if e.get("reason") == "ReleasedByHand" and e.get("reportingController") == "churn-throttler.io/cli"))')"
-(( n_c >= 3 && marks == n_c && events_c == n_c )) && (( t_bound - t_released <= 5000 )) \
+numeric "n_c >= 3 && marks == n_c && events_c == n_c" && numeric "t_bound - t_released <= 5000" \
   && ok "release pods -n st-c: $n_c gated pods lifted in $(secs $((t_released - t_release))) s, all bound $(secs $((t_bound - t_released))) s later; released-by names $OPERATOR on each, $events_c ReleasedByHand Events" \
   || bad "release pods: $n_c gated, $marks marked, $events_c Events, bound after $((t_bound - t_released)) ms: $(tail -3 "$W/release-pods.out")"
 say "release pods -n st-c printed: $(tail -n1 "$W/release-pods.out")"
