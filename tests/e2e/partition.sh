@@ -10,10 +10,12 @@
 #     at once with the same identity (restart: windows seeded from partition-stepped-at);
 #   - one StatefulSet in an unlabelled namespace changes at the same moment (collateral),
 #     one held rollout is skipped by hand as docs/partition.md says (emergency);
-#   - asserts from the API server's audit log and from a pod watch: no 10 s window holds
-#     more pod deletions or creations (or releaser steps) than 10, every StatefulSet
-#     converges (updatedReplicas == readyReplicas == replicas, partition 0, annotations
-#     gone), no request of the StatefulSet controller refused, no deny/retry-after decision;
+#   - asserts from the API server's audit log and from pod and StatefulSet watches: no
+#     10 s window holds more pod deletions or creations (or releaser steps) than 10, every
+#     labelled rollout held (its new template stored with partition = replicas, never
+#     raised after), every StatefulSet converges (updatedReplicas == readyReplicas ==
+#     replicas, partition 0, annotations gone), no request of the StatefulSet controller
+#     refused, no request answered 429 (the webhooks' metrics must agree on both);
 #   - prints the step times per window, the makespan against the ideal, the handover.
 # Everything listens on 127.0.0.1; every wait is bounded; the cluster goes down on exit.
 # Last line: "partition: N passed, M failed".
@@ -252,6 +254,17 @@ baseline_ms=$(( $(now_ms) - t_base ))
 say "baseline: the unlabelled StatefulSet rolls out alone in $(secs "$baseline_ms") s"
 
 # ---- every template at once ----------------------------------------------------------
+# The StatefulSets as the API server stores them (a watch, from their current state on):
+# each one's generation and partition, to see every labelled rollout held.
+mkfifo "$W/sts.fifo"
+python3 "$here/status_report.py" record "$W/sts-watch.log" <"$W/sts.fifo" &
+PROC[sts_recorder]=$!
+kubectl get sts -A -l e2e=partition --watch --output-watch-events \
+  -o go-template='{{.type}} {{.object.metadata.namespace}} {{.object.metadata.name}} {{.object.metadata.generation}} {{with .object.spec.updateStrategy.rollingUpdate}}{{if .partition}}{{.partition}}{{else}}0{{end}}{{else}}0{{end}} {{.object.spec.replicas}}{{"\n"}}' \
+  >"$W/sts.fifo" 2>"$W/logs/sts-watch.err" &
+PROC[sts_watch]=$!
+sts_watch_has() { (( $(grep -c ' part-' "$W/sts-watch.log" 2>/dev/null || true) >= STS + 2 )); }
+wait_for "the StatefulSet watch listed all $((STS + 2)) sets" sts_watch_has
 all_yaml 2 >"$W/sts-2.yaml"
 t_change=$(now_ms)
 k apply -f "$W/sts-2.yaml" >/dev/null
@@ -267,10 +280,10 @@ decisions() { # sum of decisions with this action over every replica's /metrics 
     if [[ -n "${PROC[$name]:-}" ]]; then scrape "$name"; else cat "$W/metrics-$name.last" 2>/dev/null; fi
   done | awk -v a="action=\"$1\"" '$1 ~ /^churn_throttler_decisions_total/ && index($1, a) {s += $2} END {print s + 0}'
 }
+# (Judged below from the API server's StatefulSet watch; the metrics are the cross-check.)
 held_now=$(grep -cE "partition=([0-9]+) target=0 held=\1 " "$W/held.txt" || true)
-numeric "$(decisions partition) == STS + 1" \
-  && ok "the webhook held every labelled rollout: $(decisions partition) partition decisions for $((STS + 1)) StatefulSets ($held_now still held with target 0 when listed)" \
-  || bad "partition decisions: $(decisions partition) for $((STS + 1)); $(head -3 "$W/held.txt")"
+partition_decisions="$(decisions partition)"
+say "partition decisions in the webhooks' metrics: $partition_decisions ($held_now sets still held with target 0 when listed)"
 grep -q "^part-free/db-0 partition=0 target=None" "$W/held.txt" && ok "the unlabelled namespace's rollout is not held" \
   || bad "part-free: $(grep part-free "$W/held.txt")"
 wait_for "the unlabelled StatefulSet rolled out" free_converged
@@ -342,11 +355,15 @@ sleep 1
 stop_proc "${PROC[watch]}"; unset 'PROC[watch]'
 sleep 0.5
 stop_proc "${PROC[recorder]}"; unset 'PROC[recorder]'
+stop_proc "${PROC[sts_watch]}"; unset 'PROC[sts_watch]'
+sleep 0.5
+stop_proc "${PROC[sts_recorder]}"; unset 'PROC[sts_recorder]'
 k get events.events.k8s.io -A -o json >"$W/events.json"
 
 # ---- checks and figures ------------------------------------------------------------
 py analyze --workdir "$W" --window-ms $((WINDOW_S * 1000)) --paced-namespaces "$(IFS=,; echo "${PACED[*]}")" \
-  --releaser-user "$SA_USER" --t-change "$t_change" --t-kill "$t_kill" --t-restart "$t_restart" >"$W/analysis.out"
+  --releaser-user "$SA_USER" --t-change "$t_change" --t-kill "$t_kill" --t-restart "$t_restart" \
+  --held-namespaces "$(IFS=,; echo "${PACED[*]}"),part-skip" --free-namespace part-free >"$W/analysis.out"
 result="$(sed -n 's/^RESULT //p' "$W/analysis.out")"
 get() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$result" "$1"; }
 events_json="$(python3 -c '
@@ -405,9 +422,14 @@ numeric "$(get watch_deletes) == STEPS && $(get watch_creates) == STEPS" \
   && ok "pod watch: every pod deleted and re-created, $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods" \
   || bad "pod watch: $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods"
 [[ "$(get refused)" == "[]" ]] && ok "no request of the StatefulSet controller refused (audit log)" || bad "refused: $(get refused)"
-numeric "$(decisions deny) == 0 && $(decisions retry-after) == 0" \
-  && ok "no deny or retry-after decision (metrics of every replica); partition decisions: $(decisions partition)" \
-  || bad "decisions: deny $(decisions deny), retry-after $(decisions retry-after)"
+# Held and never refused, at the API server; the webhooks' own counts must agree.
+n_429="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$(get answers_429)")"
+numeric "$(get held_by_watch) == STS + 1 && partition_decisions == STS + 1" && [[ "$(get not_held_by_watch)" == "[]" && "$(get partition_rises)" == "[]" && "$(get free_first_new)" == '["part-free/db-0 partition=0"]' ]] \
+  && ok "every labelled rollout held (StatefulSet watch: the new template of each of the $((STS + 1)) sets stored with partition = replicas, then never raised; part-free's stored with 0), as many as the webhooks' partition decisions ($partition_decisions)" \
+  || bad "held by the watch: $(get held_by_watch) of $((STS + 1)), not held: $(get not_held_by_watch), raised: $(get partition_rises), part-free: $(get free_first_new); partition decisions in the metrics: $partition_decisions"
+numeric "n_429 == 0 && $(decisions deny) == 0 && $(decisions retry-after) == 0" \
+  && ok "no deny or retry-after: no request answered 429 (audit log), and none decided (metrics of every replica)" \
+  || bad "answered 429 (audit log): $n_429 $(get answers_429); decisions: deny $(decisions deny), retry-after $(decisions retry-after)"
 numeric "$(get worst_window_around_restart) <= LIMIT" \
   && ok "the restarted leader resumed with no burst (worst window around the restart: $(get worst_window_around_restart))" \
   || bad "burst around the restart: $(get worst_window_around_restart)"
