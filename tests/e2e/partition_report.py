@@ -10,6 +10,7 @@
   converged N         same input: exit 0 when N sets are done (updated == ready ==
                       replicas, partition 0, no hold annotations)
   analyze ...         the checks and figures, see `analyze --help`
+  held-history LOG ...  whether every rollout was held, from a StatefulSet watch (slowpods.sh)
 """
 
 import argparse
@@ -368,8 +369,15 @@ def main():
     an.add_argument("--t-restart", type=int, default=0)
     an.add_argument("--held-namespaces", required=True, help="namespaces whose rollouts must be held")
     an.add_argument("--free-namespace", required=True, help="the unlabelled namespace, never held")
+    hh = sub.add_parser("held-history", help="partition_history of a StatefulSet watch log, one JSON line")
+    hh.add_argument("log")
+    hh.add_argument("--t-change", type=int, required=True)
+    hh.add_argument("--held-namespaces", required=True)
+    hh.add_argument("--free-namespace", required=True)
     a = p.parse_args()
-    if a.cmd == "record":
+    if a.cmd == "held-history":
+        print(json.dumps(partition_history(a.log, a.t_change, a.held_namespaces.split(","), a.free_namespace)))
+    elif a.cmd == "record":
         record(a.out)
     elif a.cmd == "seen":
         sys.exit(0 if seen(a.path, a.token) else 1)

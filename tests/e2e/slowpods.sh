@@ -325,14 +325,24 @@ for ns in "${PACED[@]}" "$SCALE_NS"; do k label namespace "$ns" "$OPTIN=true" >/
 
 # ---- every template at once ------------------------------------------------------------
 section "the slow rollout: $STS x $REPLICAS pods, $LIMIT per ${WINDOW_S} s"
+# The StatefulSets as the API server stores them (a watch, from their current state on):
+# each one's generation and partition, to see every labelled rollout held.
+mkfifo "$W/sts.fifo"
+python3 "$here/status_report.py" record "$W/sts-watch.log" <"$W/sts.fifo" &
+PROC[sts_recorder]=$!
+kubectl get sts -A -l e2e=slowpods --watch --output-watch-events \
+  -o go-template='{{.type}} {{.object.metadata.namespace}} {{.object.metadata.name}} {{.object.metadata.generation}} {{with .object.spec.updateStrategy.rollingUpdate}}{{if .partition}}{{.partition}}{{else}}0{{end}}{{else}}0{{end}} {{.object.spec.replicas}}{{"\n"}}' \
+  >"$W/sts.fifo" 2>"$W/logs/sts-watch.err" &
+PROC[sts_watch]=$!
+sts_watch_has() { (( $(grep -c " $FREE " "$W/sts-watch.log" 2>/dev/null || true) >= 1 && $(wc -l <"$W/sts-watch.log") >= STS + 1 )); }
+wait_for "the StatefulSet watch listed the sets" sts_watch_has
 all_yaml 2 >"$W/sts-2.yaml"
 t_change=$(now_ms)
 k apply -f "$W/sts-2.yaml" >/dev/null 2>"$W/apply-2.err"
 say "changed $((STS + 1)) templates with one kubectl apply in $(( $(now_ms) - t_change )) ms; kubectl printed (once: it folds repeated warnings): $(grep -m1 '^Warning' "$W/apply-2.err" || true)"
 keep_scrape a
-numeric "$(decisions partition a) == STS" \
-  && ok "the webhook held every labelled rollout: $(decisions partition a) partition decisions for $STS StatefulSets" \
-  || bad "partition decisions: $(decisions partition a) for $STS"
+# Judged after the rollout from the StatefulSet watch; the metrics are the cross-check.
+partition_decisions="$(decisions partition a)"
 
 # kubectl rollout status on a sample of held sets (docs/partition.md: it does not wait).
 SAMPLE=()
@@ -431,8 +441,17 @@ numeric "$(pget pods) == STEPS && $(pget gated) == 0 && $(pget labelled_gated) =
   || bad "stranded: $pods_summary"
 keep_scrape a
 
-# ---- checks from the audit log ---------------------------------------------------------
+# ---- checks from the audit log and the StatefulSet watch ---------------------------------
 section "the rollout's audit log"
+stop_proc "${PROC[sts_watch]}"; unset 'PROC[sts_watch]'
+sleep 0.5
+stop_proc "${PROC[sts_recorder]}"; unset 'PROC[sts_recorder]'
+held="$(python3 "$here/partition_report.py" held-history "$W/sts-watch.log" --t-change "$t_change" \
+  --held-namespaces "$(IFS=,; echo "${PACED[*]}")" --free-namespace "$FREE")"
+hget() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(dict,list)) else v)' "$held" "$1"; }
+numeric "$(hget held_by_watch) == STS && partition_decisions == STS" && [[ "$(hget not_held_by_watch)" == "[]" && "$(hget partition_rises)" == "[]" && "$(hget free_first_new)" == "[\"$FREE/db-0 partition=0\"]" ]] \
+  && ok "every labelled rollout held (StatefulSet watch: the new template of each of the $STS sets stored with partition = replicas, then never raised; $FREE's stored with 0), as many as the webhook's partition decisions ($partition_decisions)" \
+  || bad "held by the watch: $(hget held_by_watch) of $STS, not held: $(hget not_held_by_watch), raised: $(hget partition_rises), $FREE: $(hget free_first_new); partition decisions in the metrics: $partition_decisions"
 t_end_rollout=$(now_ms)
 py audit --audit "$W/logs/audit.log" --namespaces "$(IFS=,; echo "${PACED[*]}")" --since "$t_change" --until "$t_end_rollout" \
   --t-kill "$t_kill" --window-ms $((WINDOW_S * 1000)) --releaser-user "$SA_USER" >"$W/rollout.out"
@@ -466,9 +485,10 @@ say "kwok's slow Stages over the rollout: deletion $(get deletion_ms) ms; Ready 
   || bad "Ready after binding: $(get ready_after_bind_ms)"
 [[ "$(get refused)" == "[]" ]] && ok "no request of the StatefulSet controller refused (no 4xx but 404/409 in the audit log)" \
   || bad "refused: $(get refused)"
-numeric "$(decisions deny a b) == 0 && $(decisions retry-after a b) == 0" \
-  && ok "no deny or retry-after decision in either replica's /metrics (partition $(decisions partition a b), gate $(decisions gate a b), allow $(decisions allow a b))" \
-  || bad "decisions: deny $(decisions deny a b), retry-after $(decisions retry-after a b)"
+n_429="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$(get answers_429)")"
+numeric "n_429 == 0 && $(decisions deny a b) == 0 && $(decisions retry-after a b) == 0" \
+  && ok "no deny or retry-after: no request in the labelled namespaces answered 429 (audit log), and none decided in either replica's /metrics (partition $(decisions partition a b), gate $(decisions gate a b), allow $(decisions allow a b))" \
+  || bad "answered 429 (audit log): $n_429 $(get answers_429); decisions: deny $(decisions deny a b), retry-after $(decisions retry-after a b)"
 if (( KILL == 1 )); then
   around="$(get worst_deletes_around_kill) $(get worst_lifts_around_kill) $(get worst_binds_around_kill) $(get worst_steps_around_kill)"
   say "around the kill ($(secs $(( t_kill - t_change ))) s): first step $(get first_steps_after_kill_s) s after it, first lift $(get first_lifts_after_kill_s) s, first binding $(get first_binds_after_kill_s) s"
