@@ -176,6 +176,9 @@ pub struct LimiterMetrics {
     pub reservations_open: IntGauge,
     pub buckets: IntGauge,
     pub policy_rules: IntGauge,
+    /// sweeps finished: a stuck sweep shows as a flat line, and a test waits on it for
+    /// a sweep that ran after its request instead of sleeping
+    pub sweeps: IntCounter,
 }
 
 impl LimiterMetrics {
@@ -218,6 +221,16 @@ impl LimiterMetrics {
                 "churn_throttler_policy_rules",
                 "Rules in the policy in force.",
             ),
+            sweeps: {
+                let name = "churn_throttler_sweeps_total";
+                let metric = IntCounter::new(
+                    name,
+                    "Limiter sweeps finished (expired reservations, idle buckets, these gauges).",
+                )
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+                register(registry, Box::new(metric.clone()));
+                metric
+            },
         }
     }
 }

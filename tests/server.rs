@@ -703,6 +703,23 @@ async fn wait_metric(h: &Harness, series: &str, want: f64) -> f64 {
     got
 }
 
+/// Returns once a limiter sweep has run wholly after the call: the count read first may
+/// include none of a sweep already running, so the second one finished after it is the
+/// first to have started after the call (sweeps run one after another, each counted when
+/// its gauges are published).
+async fn sweep_after(h: &Harness) {
+    let series = "churn_throttler_sweeps_total";
+    let seen = h.metric(series).await;
+    // The server sweeps every second; 20 s is far beyond two of them on a loaded machine.
+    for _ in 0..400 {
+        if h.metric(series).await >= seen + 2.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no sweep after {seen} finished twice in 20 s");
+}
+
 #[tokio::test]
 async fn objects_of_unexpected_versions_are_paced_by_group_and_resource() {
     let mut h = Harness::start().await;
@@ -860,8 +877,9 @@ async fn admissions_and_reservations_survive_a_bad_policy_reload() {
         "B keeps its slot: {b_wait} s, then {b_wait_again} s"
     );
     // C is refused without a slot: namespace shop already holds its fair share of future
-    // slots (maxReservedPerNamespace defaults to events, 1). B's retry takes no second one.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // slots (maxReservedPerNamespace defaults to events, 1). B's retry takes no second one:
+    // the gauge a sweep after both requests published says so.
+    sweep_after(&h).await;
     assert_eq!(
         h.metric("churn_throttler_reservations_open").await,
         1.0,
@@ -883,7 +901,7 @@ async fn admissions_and_reservations_survive_a_bad_policy_reload() {
     let b_last = answer(&h, "/validate", eviction("b")).await;
     assert_eq!(b_last["allowed"], json!(false));
     assert!(retry_after(&b_last) <= b_wait_again, "{b_last}");
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    sweep_after(&h).await;
     assert_eq!(h.metric("churn_throttler_reservations_open").await, 1.0);
     h.stop().await;
 }

@@ -45,8 +45,9 @@ pub enum ScopeKey {
     Global,
     Namespace(Arc<str>),
     Owner(Arc<str>),
-    /// Shared by namespace/owner keys that arrive while the bucket table is full:
-    /// stricter than their own buckets, never looser.
+    /// Shared by namespace/owner keys that arrive while the bucket table is full, and by
+    /// any key without a bucket while it lives (sweeps drop it once idle): stricter than
+    /// their own buckets, never looser.
     Overflow,
 }
 
@@ -175,15 +176,9 @@ impl Limiter {
             return outcome;
         }
         let keys = self.bucket_keys(ask);
-        let slot = keys
-            .iter()
-            .zip(ask.limits)
-            .map(|(key, limit)| match self.buckets.get(key) {
-                Some(bucket) => bucket.earliest(limit, ask.cost, now),
-                None => now,
-            })
-            .max()
-            .unwrap_or(now);
+        let slot = self.earliest_common(&keys, now, |bucket, index, t| {
+            bucket.earliest(&ask.limits[index], ask.cost, t)
+        });
         let slot = match ask.align_beyond {
             Some(threshold) if slot > now + threshold => self.aligned(&keys, ask, now, slot),
             _ => slot,
@@ -267,12 +262,42 @@ impl Limiter {
 
     /// Earliest time from `from` with room in every bucket, each under its own limit.
     fn earliest_in(&self, buckets: &[BucketKey], cost: u32, from: Millis) -> Millis {
-        buckets
+        self.earliest_common(buckets, from, |bucket, _, t| bucket.earliest_own(cost, t))
+    }
+
+    /// Earliest time from `now` with room in every one of `keys`' buckets, `earliest`
+    /// giving one bucket's (by its index in `keys`) from a time. The latest of the
+    /// buckets' answers from `now` is not enough: one bucket may fit at `now` in a gap
+    /// before its reserved slots, and not at the later time another needs. So each is
+    /// asked again from the latest answer until none moves it. Past every bucket's last
+    /// charge a bucket's answer is the later of the time asked and a bound of its own,
+    /// so after a bounded number of rounds, asking once from there is the answer.
+    fn earliest_common(
+        &self,
+        keys: &[BucketKey],
+        now: Millis,
+        earliest: impl Fn(&Bucket, usize, Millis) -> Millis,
+    ) -> Millis {
+        let from = |t: Millis| {
+            keys.iter()
+                .enumerate()
+                .filter_map(|(index, key)| Some(earliest(self.buckets.get(key)?, index, t)))
+                .fold(t, Millis::max)
+        };
+        let mut t = now;
+        for _ in 0..MAX_GAP_CANDIDATES {
+            let next = from(t);
+            if next == t {
+                return t;
+            }
+            t = next;
+        }
+        let last = keys
             .iter()
             .filter_map(|key| self.buckets.get(key))
-            .map(|bucket| bucket.earliest_own(cost, from))
-            .max()
-            .unwrap_or(from)
+            .map(Bucket::last)
+            .fold(t, Millis::max);
+        from(last)
     }
 
     fn charge_in(&mut self, buckets: &[BucketKey], at: Millis, cost: u32) {
@@ -324,16 +349,10 @@ impl Limiter {
         cost: u32,
         now: Millis,
     ) -> Millis {
-        self.keys_for(rule, limits, namespace, owner.unwrap_or(""))
-            .iter()
-            .zip(limits)
-            .map(|(key, limit)| {
-                self.buckets
-                    .get(key)
-                    .map_or(now, |b| b.earliest(limit, cost, now))
-            })
-            .max()
-            .unwrap_or(now)
+        let keys = self.keys_for(rule, limits, namespace, owner.unwrap_or(""));
+        self.earliest_common(&keys, now, |bucket, index, t| {
+            bucket.earliest(&limits[index], cost, t)
+        })
     }
 
     fn charge_all(
@@ -381,11 +400,19 @@ impl Limiter {
                     limit: index.min(u8::MAX as usize) as u8,
                     scope,
                 };
-                if key.scope != ScopeKey::Global
-                    && self.buckets.len() >= self.max_buckets
-                    && !self.buckets.contains_key(&key)
-                {
-                    key.scope = ScopeKey::Overflow;
+                if key.scope != ScopeKey::Global && !self.buckets.contains_key(&key) {
+                    // While the limit's overflow bucket lives, a key without a bucket goes
+                    // there even when the table has room again: its earlier charges may be
+                    // in it, and a fresh bucket of its own would not see them.
+                    let overflow = BucketKey {
+                        scope: ScopeKey::Overflow,
+                        ..key.clone()
+                    };
+                    if self.buckets.len() >= self.max_buckets
+                        || self.buckets.contains_key(&overflow)
+                    {
+                        key = overflow;
+                    }
                 }
                 key
             })

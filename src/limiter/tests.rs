@@ -346,7 +346,6 @@ struct Run {
     /// Reserved slots in the order they were handed out to requests that came on time.
     reserved_order: Vec<u64>,
     admitted_requests: usize,
-    max_buckets_seen: usize,
     limiter: Limiter,
 }
 
@@ -386,7 +385,6 @@ fn drive(limit: Limit, share: u32, input: &[Arrival], hold: bool) -> Run {
         charges: vec![],
         reserved_order: vec![],
         admitted_requests: 0,
-        max_buckets_seen: 0,
         limiter: Limiter::new(1),
     };
     let mut steps = 0;
@@ -443,7 +441,6 @@ fn drive(limit: Limit, share: u32, input: &[Arrival], hold: bool) -> Run {
                 seq += 1;
             }
         }
-        run.max_buckets_seen = run.max_buckets_seen.max(limiter.bucket_count());
     }
     run.limiter = limiter;
     run
@@ -544,17 +541,6 @@ proptest! {
         let quiet: Vec<u64> = input.iter().scan(0, |t, a| { *t += a.gap_ms; Some(*t) })
             .take_while(|&t| t < first + window_ms).take(events as usize).collect();
         prop_assert_eq!(&times[..quiet.len()], &quiet[..]);
-    }
-
-    #[test]
-    fn memory_is_bounded_and_returns_to_zero(
-        events in 1u32..6, window_ms in 100u64..3_000, burst in 1u32..6, input in arrivals()
-    ) {
-        let burst = burst.min(events);
-        let mut run = drive(spaced(events, window_ms, Scope::Global, burst), 4, &input, true);
-        prop_assert!(run.max_buckets_seen <= 1);
-        let usage = run.limiter.sweep(u64::MAX / 4);
-        prop_assert_eq!((usage.buckets, usage.reservations), (0, 0));
     }
 
     #[test]
@@ -804,4 +790,389 @@ fn a_cancelled_hold_gives_its_slot_to_the_next_request() {
         Outcome::Reserved { slot: 4_000 },
         "the next request gets the abandoned slot, not the one a window later"
     );
+}
+
+// Generated policies: several rules, each with one limit of any scope or two (global +
+// namespace), costs above 1, more namespaces and owners than the bucket table holds (so
+// the overflow bucket is used), the clock jumping forward past windows and the sweep
+// running between requests, as the server's does every second.
+
+/// The bucket table of the generated runs: the smallest the limiter allows, so 40
+/// namespaces and owners overflow it.
+const GENERATED_MAX_BUCKETS: usize = 16;
+
+fn generated_limit(scope: Scope) -> impl Strategy<Value = Limit> {
+    (1u32..6, 100u64..3_000, 1u32..6).prop_map(move |(events, window_ms, burst)| {
+        spaced(events, window_ms, scope, burst.min(events))
+    })
+}
+
+/// One rule's limits: a single limit of each scope, or a global and a namespace limit.
+fn generated_rule() -> impl Strategy<Value = Vec<Limit>> {
+    prop_oneof![
+        generated_limit(Scope::Global).prop_map(|l| vec![l]),
+        generated_limit(Scope::Namespace).prop_map(|l| vec![l]),
+        generated_limit(Scope::Owner).prop_map(|l| vec![l]),
+        (
+            generated_limit(Scope::Global),
+            generated_limit(Scope::Namespace)
+        )
+            .prop_map(|(g, n)| vec![g, n]),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct PolicyArrival {
+    /// Milliseconds since the previous arrival: mostly close, sometimes a clock step
+    /// past every window and the reservation grace.
+    gap_ms: u64,
+    rule: usize,
+    namespace: u8,
+    owner: Option<u8>,
+    /// A pool member (interchangeable pods of one owner, cost 1) or an exact identity.
+    pool: bool,
+    /// For exact identities: a StatefulSet step of several pods costs that many.
+    cost: u32,
+    retry_offset_ms: i64,
+    /// The background sweep runs just before this arrival.
+    sweep: bool,
+}
+
+fn policy_arrivals() -> impl Strategy<Value = Vec<PolicyArrival>> {
+    let gap = prop_oneof![8 => 0u64..300, 1 => 3_000u64..45_000];
+    let offset = prop_oneof![
+        Just(0i64),
+        -(RETRY_ARRIVAL_MARGIN_MS as i64)..0,
+        1i64..1_500,
+    ];
+    prop::collection::vec(
+        (
+            gap,
+            0usize..3,
+            0u8..40,
+            prop::option::weighted(0.7, 0u8..8),
+            prop::bool::weighted(0.3),
+            1u32..4,
+            offset,
+            prop::bool::weighted(0.2),
+        )
+            .prop_map(
+                |(gap_ms, rule, namespace, owner, pool, cost, retry_offset_ms, sweep)| {
+                    PolicyArrival {
+                        gap_ms,
+                        rule,
+                        namespace,
+                        owner,
+                        pool,
+                        cost: if pool { 1 } else { cost },
+                        retry_offset_ms,
+                        sweep,
+                    }
+                },
+            ),
+        1..200,
+    )
+}
+
+/// A request of a generated run, as the limiter sees it.
+struct PolicyRequest {
+    rule: usize,
+    namespace: String,
+    owner: Option<String>,
+    identity: Identity,
+    cost: u32,
+}
+
+impl PolicyRequest {
+    /// The bucket key of the request's `limit`th limit before any overflow: what its
+    /// scope alone says.
+    fn own_key(&self, rules: &[Arc<str>], policy: &[Vec<Limit>], limit: usize) -> BucketKey {
+        let owner = match (&self.owner, &self.identity) {
+            (Some(owner), _) => owner.as_str(),
+            (None, Identity::Exact(id) | Identity::Pool(id)) => id.as_str(),
+        };
+        BucketKey {
+            rule: rules[self.rule].clone(),
+            limit: limit as u8,
+            scope: match policy[self.rule][limit].scope {
+                Scope::Global => ScopeKey::Global,
+                Scope::Namespace => ScopeKey::Namespace(Arc::from(self.namespace.as_str())),
+                Scope::Owner => ScopeKey::Owner(Arc::from(owner)),
+            },
+        }
+    }
+}
+
+/// What a generated run left: when each request got in, and what the memory checks at
+/// every sweep found wrong (empty when nothing).
+struct PolicyRun {
+    requests: Vec<PolicyRequest>,
+    /// (time charged, request index), one per logical request that got in.
+    charges: Vec<(u64, usize)>,
+    memory_faults: Vec<String>,
+    overflowed: bool,
+    /// The most buckets alive at once.
+    max_buckets: usize,
+    limiter: Limiter,
+}
+
+/// Drives generated arrivals through one limiter as the server does (held within the
+/// arrival margin, else told to come back at a whole number of seconds; clients early,
+/// on time or late), sweeping where the arrivals say and checking the memory bound after
+/// each sweep.
+fn drive_policy(policy: &[Vec<Limit>], input: &[PolicyArrival]) -> PolicyRun {
+    let rules: Vec<Arc<str>> = (0..policy.len())
+        .map(|r| Arc::from(format!("rule-{r}").as_str()))
+        .collect();
+    let reach = RETRY_ARRIVAL_MARGIN_MS;
+    let requests: Vec<PolicyRequest> = input
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let namespace = format!("ns-{}", a.namespace);
+            let owner = a.owner.map(|o| format!("owner-{o}"));
+            let identity = if a.pool {
+                let of = owner.as_deref().unwrap_or("none");
+                Identity::Pool(format!("{namespace}/{of}/rs-"))
+            } else {
+                Identity::Exact(format!("{namespace}/pod-{i}"))
+            };
+            PolicyRequest {
+                rule: a.rule % policy.len(),
+                namespace,
+                owner,
+                identity,
+                cost: a.cost,
+            }
+        })
+        .collect();
+    let mut limiter = Limiter::new(GENERATED_MAX_BUCKETS);
+    // (time, sequence, request index, sweep first)
+    let mut queue: BinaryHeap<Reverse<(u64, usize, usize, bool)>> = BinaryHeap::new();
+    let mut now = 0;
+    for (i, a) in input.iter().enumerate() {
+        now += a.gap_ms;
+        queue.push(Reverse((now, i, i, a.sweep)));
+    }
+    let mut seq = input.len();
+    let mut run = PolicyRun {
+        requests,
+        charges: vec![],
+        memory_faults: vec![],
+        overflowed: false,
+        max_buckets: 0,
+        limiter: Limiter::new(1),
+    };
+    let mut steps = 0;
+    while let Some(Reverse((at, _, i, sweep))) = queue.pop() {
+        steps += 1;
+        assert!(steps < 100_000, "simulation did not settle");
+        if sweep {
+            limiter.sweep(at);
+            let faults = check_memory(&limiter, policy, &rules, &run, at);
+            run.memory_faults.extend(faults);
+        }
+        let r = &run.requests[i];
+        let rule = &rules[r.rule];
+        let mut request = ask(rule, &policy[r.rule], &r.namespace, &r.identity);
+        request.owner = r.owner.as_deref();
+        request.cost = r.cost;
+        request.max_reserved_per_namespace = 4;
+        request.align_beyond = Some(reach);
+        match limiter.acquire(&request, at) {
+            Outcome::Admitted | Outcome::Claimed { .. } => {
+                run.charges.push((at, i));
+            }
+            Outcome::Held { slot } => {
+                assert!(slot > at && slot <= at + reach);
+                run.charges.push((slot, i));
+            }
+            Outcome::Reserved { slot } if slot - at <= reach => {
+                limiter.consume(rule, &r.identity, slot);
+                run.charges.push((slot, i));
+            }
+            Outcome::Reserved { slot } => {
+                let retry_at = slot.saturating_add_signed(input[i].retry_offset_ms);
+                queue.push(Reverse((retry_at, seq, i, false)));
+                seq += 1;
+            }
+            Outcome::Refused { retry_at, .. } => {
+                assert!(retry_at > at);
+                queue.push(Reverse((retry_at, seq, i, false)));
+                seq += 1;
+            }
+        }
+        run.max_buckets = run.max_buckets.max(limiter.bucket_count());
+        run.overflowed |= limiter
+            .buckets
+            .keys()
+            .any(|k| k.scope == ScopeKey::Overflow);
+    }
+    run.limiter = limiter;
+    run
+}
+
+/// The memory bound after a sweep at `now`: a bucket is alive only for what a window
+/// holding `now` or a later time still sees. It holds no charge older than its window,
+/// and at most what is paid in it: by the requests charged in such a window whose key it
+/// is (any of the limit's, for the overflow bucket), and by the open reservations in it.
+/// The reservations are read from the limiter's table (a pool member whose slot moved
+/// back may take a new one and leave the old to another member), which is bounded too.
+fn check_memory(
+    limiter: &Limiter,
+    policy: &[Vec<Limit>],
+    rules: &[Arc<str>],
+    run: &PolicyRun,
+    now: u64,
+) -> Vec<String> {
+    let mut faults = Vec::new();
+    if limiter.reservation_count() > GENERATED_MAX_BUCKETS {
+        faults.push(format!(
+            "at {now}: {} reservations",
+            limiter.reservation_count()
+        ));
+    }
+    // Charged in a window holding now or a later time.
+    let live = |i: usize, limit: usize| {
+        let r = &run.requests[i];
+        let kept = policy[r.rule][limit].kept_window_ms();
+        run.charges.iter().any(|&(t, j)| j == i && t + kept > now)
+    };
+    let reservations: Vec<&Reservation> = limiter
+        .exact
+        .values()
+        .chain(limiter.pools.values().flatten())
+        .collect();
+    for (key, bucket) in &limiter.buckets {
+        let limit = usize::from(key.limit);
+        let rule = rules
+            .iter()
+            .position(|r| *r == key.rule)
+            .expect("a generated rule");
+        let events = policy[rule][limit].events;
+        let paying: u32 = (0..run.requests.len())
+            .filter(|&i| {
+                let r = &run.requests[i];
+                r.rule == rule
+                    && (key.scope == ScopeKey::Overflow || r.own_key(rules, policy, limit) == *key)
+                    && live(i, limit)
+            })
+            .map(|i| run.requests[i].cost.min(events))
+            .sum::<u32>()
+            + reservations
+                .iter()
+                .filter(|r| r.buckets.contains(key))
+                .map(|r| r.cost.min(events))
+                .sum::<u32>();
+        if paying == 0 {
+            faults.push(format!(
+                "at {now}: {key:?} is alive but nothing in its windows"
+            ));
+        }
+        if bucket.charges.len() as u32 > paying {
+            faults.push(format!(
+                "at {now}: {key:?} keeps {} charges, its live requests pay {paying}",
+                bucket.charges.len()
+            ));
+        }
+        if let Some(&old) = bucket.charges.front() {
+            if old + bucket.window <= now {
+                faults.push(format!(
+                    "at {now}: {key:?} keeps a charge at {old}, out of every window"
+                ));
+            }
+        }
+    }
+    faults
+}
+
+/// Every window of each limit's length, for every bucket the limit's scope makes (the
+/// rule's union for a global limit), holds at most its events, each request counting
+/// its cost (capped at the events, as the bucket charges it).
+fn window_faults(policy: &[Vec<Limit>], run: &PolicyRun) -> Vec<String> {
+    let rules: Vec<Arc<str>> = (0..policy.len())
+        .map(|r| Arc::from(format!("rule-{r}").as_str()))
+        .collect();
+    let mut faults = Vec::new();
+    for (rule, limits) in policy.iter().enumerate() {
+        for (index, limit) in limits.iter().enumerate() {
+            let window = limit.window.as_millis() as u64;
+            let mut by_key: HashMap<BucketKey, Vec<(u64, u32)>> = HashMap::new();
+            for &(t, i) in &run.charges {
+                let r = &run.requests[i];
+                if r.rule == rule {
+                    by_key
+                        .entry(r.own_key(&rules, policy, index))
+                        .or_default()
+                        .push((t, r.cost.min(limit.events)));
+                }
+            }
+            for (key, mut charges) in by_key {
+                charges.sort_unstable();
+                for (k, &(start, _)) in charges.iter().enumerate() {
+                    let inside: u32 = charges[k..]
+                        .iter()
+                        .take_while(|(t, _)| *t < start + window)
+                        .map(|(_, c)| c)
+                        .sum();
+                    if inside > limit.events {
+                        faults.push(format!(
+                            "{key:?}: {inside} in [{start}, {}) over {limit}",
+                            start + window
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    faults
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn generated_policies_keep_every_window_and_bucket_bound(
+        policy in prop::collection::vec(generated_rule(), 1..4),
+        input in policy_arrivals(),
+    ) {
+        let mut run = drive_policy(&policy, &input);
+        // Every request got in once: retries were not charged twice, none was lost.
+        prop_assert_eq!(run.charges.len(), input.len());
+        let windows = window_faults(&policy, &run);
+        prop_assert!(windows.is_empty(), "{:#?}", windows);
+        prop_assert!(run.memory_faults.is_empty(), "{:#?}", run.memory_faults);
+        // The table never grows past its cap, plus one bucket per limit: a global limit's
+        // own (never sent to the overflow bucket), a scoped limit's overflow bucket.
+        let limits = policy.iter().flatten().count();
+        prop_assert!(run.max_buckets <= GENERATED_MAX_BUCKETS + limits, "{} buckets", run.max_buckets);
+        // And everything goes once every window and reservation is past.
+        let usage = run.limiter.sweep(u64::MAX / 4);
+        prop_assert_eq!((usage.buckets, usage.reservations), (0, 0));
+    }
+}
+
+/// The generated runs do reach what they are for: more keys than the table holds, so
+/// the overflow bucket takes some of them, in a run whose windows are all kept.
+#[test]
+fn generated_runs_reach_the_overflow_bucket() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let strategy = (
+        prop::collection::vec(generated_rule(), 1..4),
+        policy_arrivals(),
+    );
+    let mut overflowed = 0;
+    for _ in 0..100 {
+        let (policy, input) = strategy
+            .new_tree(&mut runner)
+            .expect("a generated case")
+            .current();
+        let run = drive_policy(&policy, &input);
+        let faults = window_faults(&policy, &run);
+        assert!(faults.is_empty(), "{faults:#?}\n{policy:#?}");
+        overflowed += usize::from(run.overflowed);
+    }
+    assert!(overflowed >= 10, "only {overflowed} of 100 runs overflowed");
 }

@@ -251,6 +251,8 @@ impl AppState {
                 .with_label_values(&[&*rule.name])
                 .set(used as i64);
         }
+        // Last, so a count seen means this sweep's gauges are published.
+        self.metrics.limiter.sweeps.inc();
     }
 }
 

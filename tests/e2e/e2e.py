@@ -351,15 +351,31 @@ def audit_requests(path, since, until, ns_prefix):
             done = iso_ms(a["stageTimestamp"])
             if done < since - 60_000 or done > until + 60_000:
                 continue
+            user = a.get("user") or {}
             out.append({
                 "verb": a.get("verb"), "resource": ref.get("resource"), "sub": ref.get("subresource"),
                 "ns": ref.get("namespace"), "name": ref.get("name"),
-                "user": (a.get("user") or {}).get("username", ""),
+                "user": user.get("username", ""),
+                # Which token: a ServiceAccount token's ID (its jti), so processes sharing
+                # one ServiceAccount are told apart by the token each was given.
+                "credential": ",".join((user.get("extra") or {}).get("authentication.kubernetes.io/credential-id", [])),
                 "code": (a.get("responseStatus") or {}).get("code"),
                 "recv": iso_ms(a["requestReceivedTimestamp"]), "done": done,
+                # The JSON patch's operations, when the audit policy logs the request body.
+                "ops": a.get("requestObject"),
             })
     out.sort(key=lambda r: r["done"])
     return out
+
+
+def is_gate_lift(r):
+    """An accepted pod patch that removes a scheduling gate (JSON patch `remove` of
+    /spec/schedulingGates/N): a release, at its answer (`done`)."""
+    ops = r.get("ops")
+    return (r["resource"] == "pods" and not r["sub"] and r["verb"] == "patch"
+            and r["code"] is not None and 200 <= r["code"] < 300 and isinstance(ops, list)
+            and any(op.get("op") == "remove" and str(op.get("path", "")).startswith("/spec/schedulingGates/")
+                    for op in ops))
 
 
 def request_before(reqs, pred, ns, name, seen):

@@ -41,6 +41,9 @@
 #   PROC                      name -> pid of every process to stop on exit
 #   stop_proc PID [SIG]       SIG (TERM), up to 5 s, then KILL
 #   wait_for DESC CMD...      poll CMD until it succeeds; die after $timeout s
+#   numeric EXPR              (( EXPR )) for a check on numbers read from a report or a
+#                             scrape: fails, saying why, when a value is missing or not a
+#                             number (null, None, True, 1.5, empty), which (( )) reads as 0
 #   e2e_tail_logs LINES GLOB  for e2e_die_logs: the tail of each file of $W matching GLOB
 #   e2e_tail_log LINES FILE   for e2e_die_logs: the tail of $W/FILE
 #   e2e_kubeconfig SA_NS SA FILE
@@ -170,6 +173,25 @@ e2e_cleanup() {
   else
     rm -rf "$W"
   fi
+}
+
+# numeric EXPR: see the header. Every word of EXPR between operators must be an integer
+# or the name of a variable holding one, and EXPR must parse (an empty value leaves an
+# operator without its operand); then it is (( EXPR )).
+numeric() {
+  local expr="$*" word err
+  for word in $(tr -s '()<>=!&|+*/%?:,-' ' ' <<<"$expr"); do
+    [[ "$word" =~ ^[0-9]+$ ]] && continue
+    [[ "$word" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && "${!word-}" =~ ^-?[0-9]+$ ]] && continue
+    [[ "$word" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] && word="$word (= '${!word-unset}')"
+    echo "$E2E_NAME: not a number: $word in: $expr" >&2
+    return 1
+  done
+  if ! err="$( ( eval "(( $expr ))" ) 2>&1 )" && [[ -n "$err" ]]; then
+    echo "$E2E_NAME: not a numeric check: $expr: $err" >&2
+    return 1
+  fi
+  eval "(( $expr ))"
 }
 
 # wait_for DESC CMD...: poll CMD every $E2E_POLL s until it succeeds or $timeout passes.

@@ -10,10 +10,12 @@
 #     at once with the same identity (restart: windows seeded from partition-stepped-at);
 #   - one StatefulSet in an unlabelled namespace changes at the same moment (collateral),
 #     one held rollout is skipped by hand as docs/partition.md says (emergency);
-#   - asserts from the API server's audit log and from a pod watch: no 10 s window holds
-#     more pod deletions or creations (or releaser steps) than 10, every StatefulSet
-#     converges (updatedReplicas == readyReplicas == replicas, partition 0, annotations
-#     gone), no request of the StatefulSet controller refused, no deny/retry-after decision;
+#   - asserts from the API server's audit log and from pod and StatefulSet watches: no
+#     10 s window holds more pod deletions or creations (or releaser steps) than 10, every
+#     labelled rollout held (its new template stored with partition = replicas, never
+#     raised after), every StatefulSet converges (updatedReplicas == readyReplicas ==
+#     replicas, partition 0, annotations gone), no request of the StatefulSet controller
+#     refused, no request answered 429 (the webhooks' metrics must agree on both);
 #   - prints the step times per window, the makespan against the ideal, the handover.
 # Everything listens on 127.0.0.1; every wait is bounded; the cluster goes down on exit.
 # Last line: "partition: N passed, M failed".
@@ -212,6 +214,17 @@ baseline_ms=$(( $(now_ms) - t_base ))
 say "baseline: the unlabelled StatefulSet rolls out alone in $(secs "$baseline_ms") s"
 
 # ---- every template at once ----------------------------------------------------------
+# The StatefulSets as the API server stores them (a watch, from their current state on):
+# each one's generation and partition, to see every labelled rollout held.
+mkfifo "$W/sts.fifo"
+python3 "$here/status_report.py" record "$W/sts-watch.log" <"$W/sts.fifo" &
+PROC[sts_recorder]=$!
+kubectl get sts -A -l e2e=partition --watch --output-watch-events \
+  -o go-template='{{.type}} {{.object.metadata.namespace}} {{.object.metadata.name}} {{.object.metadata.generation}} {{with .object.spec.updateStrategy.rollingUpdate}}{{if .partition}}{{.partition}}{{else}}0{{end}}{{else}}0{{end}} {{.object.spec.replicas}}{{"\n"}}' \
+  >"$W/sts.fifo" 2>"$W/logs/sts-watch.err" &
+PROC[sts_watch]=$!
+sts_watch_has() { (( $(grep -c ' part-' "$W/sts-watch.log" 2>/dev/null || true) >= STS + 2 )); }
+wait_for "the StatefulSet watch listed all $((STS + 2)) sets" sts_watch_has
 all_yaml 2 >"$W/sts-2.yaml"
 t_change=$(now_ms)
 k apply -f "$W/sts-2.yaml" >/dev/null
@@ -227,10 +240,10 @@ decisions() { # sum of decisions with this action over every replica's /metrics 
     if [[ -n "${PROC[$name]:-}" ]]; then scrape "$name"; else cat "$W/metrics-$name.last" 2>/dev/null; fi
   done | awk -v a="action=\"$1\"" '$1 ~ /^churn_throttler_decisions_total/ && index($1, a) {s += $2} END {print s + 0}'
 }
+# (Judged below from the API server's StatefulSet watch; the metrics are the cross-check.)
 held_now=$(grep -cE "partition=([0-9]+) target=0 held=\1 " "$W/held.txt" || true)
-(( $(decisions partition) == STS + 1 )) \
-  && ok "the webhook held every labelled rollout: $(decisions partition) partition decisions for $((STS + 1)) StatefulSets ($held_now still held with target 0 when listed)" \
-  || bad "partition decisions: $(decisions partition) for $((STS + 1)); $(head -3 "$W/held.txt")"
+partition_decisions="$(decisions partition)"
+say "partition decisions in the webhooks' metrics: $partition_decisions ($held_now sets still held with target 0 when listed)"
 grep -q "^part-free/db-0 partition=0 target=None" "$W/held.txt" && ok "the unlabelled namespace's rollout is not held" \
   || bad "part-free: $(grep part-free "$W/held.txt")"
 wait_for "the unlabelled StatefulSet rolled out" free_converged
@@ -269,7 +282,7 @@ kill -KILL "${PROC[a]}"; wait "${PROC[a]}" 2>/dev/null || true; unset 'PROC[a]'
 wait_for "releaser-b takes the lease" holder_is releaser-b
 handover_ms=$(( $(now_ms) - t_kill ))
 say "failover: leader killed (SIGKILL) -> releaser-b holds the lease after $(secs "$handover_ms") s"
-(( handover_ms <= 15000 )) && ok "handover within 15 s ($(secs "$handover_ms") s)" || bad "handover took $handover_ms ms"
+numeric "handover_ms <= 15000" && ok "handover within 15 s ($(secs "$handover_ms") s)" || bad "handover took $handover_ms ms"
 start_replica a2 releaser-a "127.0.0.1:$WH_PORT"   # the webhook is back; releaser-a follows
 # Until now no webhook answered: a pod the controller created meanwhile (after the new
 # leader's first steps) failed open, ungated. The analysis leaves those out of the paced
@@ -302,11 +315,15 @@ sleep 1
 stop_proc "${PROC[watch]}"; unset 'PROC[watch]'
 sleep 0.5
 stop_proc "${PROC[recorder]}"; unset 'PROC[recorder]'
+stop_proc "${PROC[sts_watch]}"; unset 'PROC[sts_watch]'
+sleep 0.5
+stop_proc "${PROC[sts_recorder]}"; unset 'PROC[sts_recorder]'
 k get events.events.k8s.io -A -o json >"$W/events.json"
 
 # ---- checks and figures ------------------------------------------------------------
 py analyze --workdir "$W" --window-ms $((WINDOW_S * 1000)) --paced-namespaces "$(IFS=,; echo "${PACED[*]}")" \
-  --releaser-user "$SA_USER" --t-change "$t_change" --t-kill "$t_kill" --t-restart "$t_restart" >"$W/analysis.out"
+  --releaser-user "$SA_USER" --t-change "$t_change" --t-kill "$t_kill" --t-restart "$t_restart" \
+  --held-namespaces "$(IFS=,; echo "${PACED[*]}"),part-skip" --free-namespace part-free >"$W/analysis.out"
 result="$(sed -n 's/^RESULT //p' "$W/analysis.out")"
 get() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$result" "$1"; }
 events_json="$(python3 -c '
@@ -328,19 +345,19 @@ say "releaser's StatefulSet patches by HTTP code: $(get releaser_patch_codes); h
 say "pods kwok deleted right after their creation, created again by the controller (not counted above): $(get recreated_again)"
 say "Events on StatefulSets: $events_json"
 
-(( $(get worst_steps) <= LIMIT )) && ok "at most $LIMIT steps in any ${WINDOW_S} s window (worst $(get worst_steps), $(get steps) steps)" \
+numeric "$(get worst_steps) <= LIMIT" && ok "at most $LIMIT steps in any ${WINDOW_S} s window (worst $(get worst_steps), $(get steps) steps)" \
   || bad "$(get worst_steps) steps in one window at $(get worst_steps_at_s) s"
-(( $(get steps) == STEPS )) && ok "one step per pod: $(get steps) partition patches for $STEPS pods (audit log)" || bad "$(get steps) steps for $STEPS pods"
-(( $(get worst_deletes) <= LIMIT && $(get deletes) == STEPS )) \
+numeric "$(get steps) == STEPS" && ok "one step per pod: $(get steps) partition patches for $STEPS pods (audit log)" || bad "$(get steps) steps for $STEPS pods"
+numeric "$(get worst_deletes) <= LIMIT && $(get deletes) == STEPS" \
   && ok "audit log: $(get deletes) pod deletions by the StatefulSet controller, at most $LIMIT in any ${WINDOW_S} s window (worst $(get worst_deletes))" \
   || bad "audit log: $(get deletes) deletions, worst window $(get worst_deletes) at $(get worst_deletes_at_s) s"
 # The creations follow the deletions on the controller's schedule (a step no longer
 # waits for them); the starts are what the gate rule paces: the gate lifts and the
 # scheduler's bindings, at their answers.
-(( $(get creates) == STEPS )) \
+numeric "$(get creates) == STEPS" \
   && ok "audit log: $(get creates) pod creations by the StatefulSet controller, one per pod (most in a ${WINDOW_S} s window $(get worst_creates): not paced here, the starts are)" \
   || bad "audit log: $(get creates) creations for $STEPS pods"
-(( $(get effect_deletes) == STEPS && $(get worst_effect_deletes) <= LIMIT )) \
+numeric "$(get effect_deletes) == STEPS && $(get worst_effect_deletes) <= LIMIT" \
   && ok "at the effect: $(get effect_deletes) deletions at their answers, at most $LIMIT in any ${WINDOW_S} s window (worst $(get worst_effect_deletes); per 1 s $(get worst_effect_deletes_1s))" \
   || bad "at the effect: $(get effect_deletes) deletions, worst ${WINDOW_S} s window $(get worst_effect_deletes)"
 failed_open="$(get failed_open_creates)"
@@ -349,10 +366,10 @@ python3 -c 'import json, sys; sys.exit(0 if all(int(sys.argv[2]) <= t <= int(sys
     "$failed_open" "$t_kill" "$t_webhook_back" \
   && ok "pods created while no webhook answered (failed open, ungated): $n_failed_open, all within the webhook's outage ($(secs $((t_webhook_back - t_kill))) s from the kill)" \
   || bad "pods created with the webhook failing open outside its outage [$t_kill, $t_webhook_back]: $failed_open"
-(( $(get effect_binds) + n_failed_open == STEPS && $(get worst_effect_binds) <= LIMIT )) \
+numeric "$(get effect_binds) + n_failed_open == STEPS && $(get worst_effect_binds) <= LIMIT" \
   && ok "at the effect: $(get effect_binds) paced starts (the scheduler's bindings at their answers; $n_failed_open failed open left out), at most $LIMIT in any ${WINDOW_S} s window (worst $(get worst_effect_binds); per 1 s $(get worst_effect_binds_1s))" \
   || bad "at the effect: $(get effect_binds) paced bindings ($n_failed_open failed open), worst ${WINDOW_S} s window $(get worst_effect_binds)"
-(( $(get effect_lifts) >= 1 && $(get effect_lifts) <= STEPS && $(get worst_effect_lifts) <= LIMIT )) \
+numeric "$(get effect_lifts) >= 1 && $(get effect_lifts) <= STEPS && $(get worst_effect_lifts) <= LIMIT" \
   && ok "the gate releaser's lifts at their answers: at most $LIMIT in any ${WINDOW_S} s window (worst $(get worst_effect_lifts); per 1 s $(get worst_effect_lifts_1s); $(get effect_lifts) pods released from the gate, the rest found room when created; gate decisions $(decisions gate))" \
   || bad "gate lifts: $(get effect_lifts), worst ${WINDOW_S} s window $(get worst_effect_lifts)"
 say "pod watch: its delay behind the API server's audit times: $(get watch_lag_ms) ms (spread $(get watch_jitter_ms) ms)"
@@ -361,14 +378,19 @@ say "pod watch: its delay behind the API server's audit times: $(get watch_lag_m
 # not judged (a window shortened by the jitter measured here would excuse any excess the
 # jitter happened to be as large as); what it must show is every pod replaced, once.
 say "pod watch: at most $(get worst_watch_deletes) deletions and $(get worst_watch_creates) creations in a ${WINDOW_S} s window of arrival times (delivery spread $(get watch_jitter_ms) ms; not a check)"
-(( $(get watch_deletes) == STEPS && $(get watch_creates) == STEPS )) \
+numeric "$(get watch_deletes) == STEPS && $(get watch_creates) == STEPS" \
   && ok "pod watch: every pod deleted and re-created, $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods" \
   || bad "pod watch: $(get watch_deletes) deletions and $(get watch_creates) creations seen for $STEPS pods"
 [[ "$(get refused)" == "[]" ]] && ok "no request of the StatefulSet controller refused (audit log)" || bad "refused: $(get refused)"
-(( $(decisions deny) == 0 && $(decisions retry-after) == 0 )) \
-  && ok "no deny or retry-after decision (metrics of every replica); partition decisions: $(decisions partition)" \
-  || bad "decisions: deny $(decisions deny), retry-after $(decisions retry-after)"
-(( $(get worst_window_around_restart) <= LIMIT )) \
+# Held and never refused, at the API server; the webhooks' own counts must agree.
+n_429="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$(get answers_429)")"
+numeric "$(get held_by_watch) == STS + 1 && partition_decisions == STS + 1" && [[ "$(get not_held_by_watch)" == "[]" && "$(get partition_rises)" == "[]" && "$(get free_first_new)" == '["part-free/db-0 partition=0"]' ]] \
+  && ok "every labelled rollout held (StatefulSet watch: the new template of each of the $((STS + 1)) sets stored with partition = replicas, then never raised; part-free's stored with 0), as many as the webhooks' partition decisions ($partition_decisions)" \
+  || bad "held by the watch: $(get held_by_watch) of $((STS + 1)), not held: $(get not_held_by_watch), raised: $(get partition_rises), part-free: $(get free_first_new); partition decisions in the metrics: $partition_decisions"
+numeric "n_429 == 0 && $(decisions deny) == 0 && $(decisions retry-after) == 0" \
+  && ok "no deny or retry-after: no request answered 429 (audit log), and none decided (metrics of every replica)" \
+  || bad "answered 429 (audit log): $n_429 $(get answers_429); decisions: deny $(decisions deny), retry-after $(decisions retry-after)"
+numeric "$(get worst_window_around_restart) <= LIMIT" \
   && ok "the restarted leader resumed with no burst (worst window around the restart: $(get worst_window_around_restart))" \
   || bad "burst around the restart: $(get worst_window_around_restart)"
 leading_line="$(grep -m1 'windows from partition-stepped-at' "$W/replica-b2.log" || true)"
@@ -385,7 +407,7 @@ if bash "$root/tests/argocd/check.sh" --print "$W/argocd-held.json" >"$W/argocd-
   && bash "$root/tests/argocd/check.sh" --print "$W/argocd-final.json" >"$W/argocd-final.txt" 2>>"$W/argocd.err"; then
   held_n=$(awk -F'\t' '$3 == "held"' "$W/argocd-held.txt" | wc -l)
   held_bad=$(awk -F'\t' '$3 == "held" && $2 != "Progressing"' "$W/argocd-held.txt" | wc -l)
-  (( held_n >= 1 && held_bad == 0 )) \
+  numeric "held_n >= 1 && held_bad == 0" \
     && ok "Argo CD health check: the $held_n StatefulSets held right after the change are Progressing ($(awk -F'\t' '$3 == "held" {print $4; exit}' "$W/argocd-held.txt"))" \
     || bad "Argo CD health check while held: $held_n held, $held_bad not Progressing: $(head -3 "$W/argocd-held.txt")"
   say "Argo CD health of part-free (rolling, not held) right after the change: $(grep '^part-free/' "$W/argocd-held.txt" | cut -f2,4)"
@@ -393,7 +415,7 @@ if bash "$root/tests/argocd/check.sh" --print "$W/argocd-held.json" >"$W/argocd-
     || bad "part-free in the Argo CD check: $(grep '^part-free/' "$W/argocd-held.txt")"
   final_n=$(wc -l <"$W/argocd-final.txt")
   final_bad=$(awk -F'\t' '$2 != "Healthy"' "$W/argocd-final.txt" | wc -l)
-  (( final_n == STS + 2 && final_bad == 0 )) \
+  numeric "final_n == STS + 2 && final_bad == 0" \
     && ok "Argo CD health check: all $final_n StatefulSets Healthy once converged ($(head -1 "$W/argocd-final.txt" | cut -f4))" \
     || bad "Argo CD health check once converged: $final_n objects, $final_bad not Healthy: $(awk -F'\t' '$2 != "Healthy"' "$W/argocd-final.txt" | head -3)"
 else

@@ -10,6 +10,7 @@
   converged N         same input: exit 0 when N sets are done (updated == ready ==
                       replicas, partition 0, no hold annotations)
   analyze ...         the checks and figures, see `analyze --help`
+  held-history LOG ...  whether every rollout was held, from a StatefulSet watch (slowpods.sh)
 """
 
 import argparse
@@ -142,6 +143,7 @@ def analyze(a):
     recreated_again = 0
     codes = {}
     audit_steps = []  # (receive time, "ns/name", to)
+    answers_429 = []
     pod_events = {}  # "ns/pod" -> [(t, verb)]
     for line in open(f"{w}/logs/audit.log"):
         try:
@@ -154,6 +156,9 @@ def analyze(a):
         user = (e.get("user") or {}).get("username", "")
         code = (e.get("responseStatus") or {}).get("code", 0)
         t = ms(e["requestReceivedTimestamp"])
+        if code == 429:
+            # A deny or a retry-after of the webhook, as the API server answered it.
+            answers_429.append((t, user, e.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("name")))
         if user == STS_CONTROLLER and code >= 400 and code not in (404, 409):
             refused.append((t, e.get("verb"), ref.get("resource"), ref.get("namespace"), ref.get("name"), code))
         if ref.get("resource") == "statefulsets" and user == a.releaser_user:
@@ -307,9 +312,41 @@ def analyze(a):
     held = [h for *_, h in ends if h is not None]
     res["held_s_max"] = max(held) if held else None
     res["refused"] = refused
+    res["answers_429"] = answers_429
+    res.update(partition_history(f"{w}/sts-watch.log", a.t_change, a.held_namespaces.split(","), a.free_namespace))
     res["recreated_again"] = recreated_again
     res["releaser_patch_codes"] = codes
     print("RESULT " + json.dumps(res))
+
+
+def partition_history(path, t_change, held_ns, free_ns):
+    """What the API server stored of each StatefulSet's partition, from a watch (lines of
+    status_report.py's `record`: arrival ms, then EVENT NS NAME GENERATION PARTITION
+    REPLICAS). A rollout was held when the first stored version of its new template (a
+    generation above the one it had at the change) carries partition == replicas; then
+    the partition may only go down. Sets in `held_ns` must all show that; the set in
+    `free_ns` must not (its new template stored with partition 0)."""
+    gen_at_change, first_new, rises, last = {}, {}, [], {}
+    for line in open(path):
+        parts = line.split()
+        if len(parts) != 7 or not parts[4].isdigit() or not parts[5].isdigit() or not parts[6].isdigit():
+            continue
+        t, key, gen, part, replicas = int(parts[0]), f"{parts[2]}/{parts[3]}", int(parts[4]), int(parts[5]), int(parts[6])
+        if t < t_change:
+            gen_at_change[key] = gen
+            last[key] = part
+            continue
+        if key in gen_at_change and gen > gen_at_change[key] and key not in first_new:
+            first_new[key] = (part, replicas)
+        elif key in first_new and part > last.get(key, part) and key.split("/")[0] in held_ns:
+            rises.append((t, key, last[key], part))
+        last[key] = part
+    held = sorted(k for k, (p, r) in first_new.items() if p == r and k.split("/")[0] in held_ns)
+    not_held = sorted(k for k in gen_at_change if k.split("/")[0] in held_ns and k not in held)
+    free = sorted(f"{k} partition={p}" for k, (p, r) in first_new.items() if k.split("/")[0] == free_ns)
+    return {"held_by_watch": len(held), "not_held_by_watch": not_held,
+            "free_first_new": free, "partition_rises": rises[:5],
+            "sets_seen_by_watch": len(gen_at_change)}
 
 
 def main():
@@ -330,8 +367,17 @@ def main():
     an.add_argument("--t-change", type=int, required=True)
     an.add_argument("--t-kill", type=int, default=0)
     an.add_argument("--t-restart", type=int, default=0)
+    an.add_argument("--held-namespaces", required=True, help="namespaces whose rollouts must be held")
+    an.add_argument("--free-namespace", required=True, help="the unlabelled namespace, never held")
+    hh = sub.add_parser("held-history", help="partition_history of a StatefulSet watch log, one JSON line")
+    hh.add_argument("log")
+    hh.add_argument("--t-change", type=int, required=True)
+    hh.add_argument("--held-namespaces", required=True)
+    hh.add_argument("--free-namespace", required=True)
     a = p.parse_args()
-    if a.cmd == "record":
+    if a.cmd == "held-history":
+        print(json.dumps(partition_history(a.log, a.t_change, a.held_namespaces.split(","), a.free_namespace)))
+    elif a.cmd == "record":
         record(a.out)
     elif a.cmd == "seen":
         sys.exit(0 if seen(a.path, a.token) else 1)

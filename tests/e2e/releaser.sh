@@ -11,9 +11,13 @@
 #   - then the API server is frozen (SIGSTOP) for 12 s: the leader must stop, and the
 #     releasers must recover by themselves once it answers again;
 #   - finally the leader is stopped cleanly (SIGTERM): it gives the lease up at once;
-#   - asserts: every pod released exactly once, never more than 5 in any 10 s window,
-#     foreign gates kept, releases of different processes never interleave, the
-#     leader gauges never sum above 1, handover within 15 s, Events aggregated.
+#   - asserts, from the API server's audit log (a release is an accepted pod patch that
+#     removes a scheduling gate, at its answer): every pod released exactly once (one
+#     such patch per pod), never more than 5 in any 10 s window, exact, across the
+#     failover, the restart and the freeze (the seconds after `kill -CONT` included),
+#     releases of different processes never interleave (each process has its own token,
+#     told apart by the audit log's credential ID); and foreign gates kept, the leader
+#     gauges never sum above 1, handover within 15 s, Events aggregated.
 # Prints the release times. Everything listens on 127.0.0.1; every wait is bounded.
 #
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN (cluster binaries),
@@ -47,8 +51,21 @@ e2e_before_cleanup() {
 e2e_build
 e2e_workdir   # W; PROC's processes stopped on exit
 
-# ---- cluster, namespace, ServiceAccount, RBAC ------------------------------------
-cluster_up "$W" 3 || die "cluster up failed"
+# ---- cluster with an audit log, namespace, ServiceAccount, RBAC ---------------------
+# Every pod patch with its body: which ones remove a gate (releases), whose token sent it.
+mkdir -p "$W/logs"
+cat >"$W/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    resources: [{ group: "", resources: [pods] }]
+    verbs: [patch]
+  - level: None
+EOF
+CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} --audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0" \
+  cluster_up "$W" 3 || die "cluster up failed"
 # shellcheck disable=SC1091
 source "$W/env"
 kubectl create namespace churn-throttler >/dev/null
@@ -56,8 +73,15 @@ kubectl -n churn-throttler create serviceaccount churn-throttler >/dev/null
 kubectl apply -f "$root/manifests/base/rbac-releaser.yaml" >/dev/null
 for ns in "${NAMESPACES[@]}"; do kubectl create namespace "$ns" >/dev/null; done
 wait_for "ServiceAccounts in the test namespaces" kubectl -n team-c get serviceaccount default
-e2e_kubeconfig churn-throttler churn-throttler "$W/releaser.kubeconfig"
-can() { kubectl --kubeconfig "$W/releaser.kubeconfig" auth can-i "$@" 2>/dev/null; }
+# releaser_kubeconfig NAME: a kubeconfig with a token of its own for process NAME, whose
+# ID (jti) goes to $W/token-NAME.jti: the audit log names it in every request it sends.
+releaser_kubeconfig() {
+  e2e_kubeconfig churn-throttler churn-throttler "$W/releaser-$1.kubeconfig"
+  awk '$1 == "token:" { print $2 }' "$W/releaser-$1.kubeconfig" | python3 -c 'import base64, json, sys; p = sys.stdin.read().split(".")[1]; print(json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4)))["jti"])' \
+    >"$W/token-$1.jti"
+}
+releaser_kubeconfig check
+can() { kubectl --kubeconfig "$W/releaser-check.kubeconfig" auth can-i "$@" 2>/dev/null; }
 [[ "$(can patch pods -A)" == yes && "$(can delete pods -A)" == no && "$(can create leases -n churn-throttler)" == yes \
    && "$(can update leases -n default)" == no && "$(can get secrets -n churn-throttler)" == no ]] \
   && ok "ServiceAccount token has the releaser's rights and no more (patch pods: yes, delete pods: no, leases elsewhere: no, secrets: no)" \
@@ -77,7 +101,8 @@ EOF
 # start_releaser PROCNAME IDENTITY: one `serve` process running the releaser.
 start_releaser() {
   local name="$1" identity="$2"
-  KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info,churn_throttler::releaser=debug" \
+  releaser_kubeconfig "$name"
+  KUBECONFIG="$W/releaser-$name.kubeconfig" RUST_LOG="info,churn_throttler::releaser=debug" \
     "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" \
       --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
       --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
@@ -228,67 +253,92 @@ kubectl get events.events.k8s.io -A -o json >"$W/events.json"
 kubectl -n team-c get pod doomed >/dev/null 2>&1 && bad "the pod deleted while gated still exists" \
   || ok "the pod deleted while gated left the queue"
 
-python3 - "$W" "$RULE_EVENTS" "$RULE_WINDOW_MS" "$t_kill" "$t_restart" "$TOTAL" "$t_outage" "$t_back" <<'PY' >"$W/checks.out"
+python3 - "$W" "$RULE_EVENTS" "$RULE_WINDOW_MS" "$t_kill" "$t_restart" "$TOTAL" "$t_outage" "$t_back" "$here" "$t_created" "$t_done" <<'PY' >"$W/checks.out"
 import json, sys, glob, os, datetime
 w, events_max, window, t_kill, t_restart, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-t_outage, t_back = int(sys.argv[7]), int(sys.argv[8])
+t_outage, t_back, here, t_created, t_done = int(sys.argv[7]), int(sys.argv[8]), sys.argv[9], int(sys.argv[10]), int(sys.argv[11])
+sys.path.insert(0, here)
+from e2e import audit_requests, is_gate_lift, max_in_window, worst_window_at
+SA = "system:serviceaccount:churn-throttler:churn-throttler"
 def ms(text):
     return int(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 pods = json.load(open(f"{w}/pods.json"))["items"]
-# Who released what, from each process's log.
-by = {}
-reason = {}
-twice = []
-for log in sorted(glob.glob(f"{w}/releaser-*.log")):
-    proc = os.path.basename(log)[len("releaser-"):-len(".log")]
-    for line in open(log):
-        try: e = json.loads(line)
-        except ValueError: continue
-        f = e.get("fields", {})
-        if f.get("message") == "releaser: released":
-            if f["pod"] in by: twice.append(f["pod"])
-            by[f["pod"]] = proc
-            reason[f["pod"]] = f.get("reason")
-rows = []
+# The process behind each token (its ID, as the audit log names it).
+proc_of = {}
+for path in glob.glob(f"{w}/token-*.jti"):
+    proc_of["JTI=" + open(path).read().strip()] = os.path.basename(path)[len("token-"):-len(".jti")]
+# The releases as the API server saw them: accepted patches that remove a gate, at their
+# answers, by whom. The releaser's own log lines and released-at stamps are not used here.
+reqs = audit_requests(f"{w}/logs/audit.log", t_created, t_done, "team-")
+lifts = [r for r in reqs if is_gate_lift(r)]
+ours = [r for r in lifts if r["user"] == SA]
+by_hand = sorted(f'{r["ns"]}/{r["name"]}' for r in lifts if r["user"] != SA)
+for r in ours:
+    r["proc"] = proc_of.get(r["credential"], "?")
+lifts_per_pod = {}
+for r in lifts:
+    key = f'{r["ns"]}/{r["name"]}'
+    lifts_per_pod[key] = lifts_per_pod.get(key, 0) + 1
+stamp = {}
+rows = {}
 for p in pods:
     m = p["metadata"]; ann = m.get("annotations") or {}
     key = f'{m["namespace"]}/{m["name"]}'
     gates = [g["name"] for g in (p["spec"].get("schedulingGates") or [])]
-    rows.append((ms(ann["churn-throttler.io/released-at"]), key, ms(m["creationTimestamp"]),
-                 by.get(key, "?"), gates, (m.get("labels") or {}).get("churn-throttler.io/gated", "-")))
-rows.sort()
-t0 = rows[0][2]
-print(f"{'released (s)':>12}  {'pod':<16} {'by':<4} {'waited (s)':>10}  label     gates left")
-for at, key, created, proc, gates, label in rows:
-    print(f"{(at - t0) / 1000:12.3f}  {key:<16} {proc:<4} {(at - created) / 1000:10.1f}  {label:<9} {','.join(gates) or '-'}")
-# A gate removed by hand is not the releaser's release: it is counted, not paced.
-times = [r[0] for r in rows if reason.get(r[1]) != "ungated-elsewhere"]
-by_hand = sorted(k for k, v in reason.items() if v == "ungated-elsewhere")
-worst = max(sum(1 for u in times[i:] if u < t + window) for i, t in enumerate(times))
+    stamp[key] = ms(ann["churn-throttler.io/released-at"]) if "churn-throttler.io/released-at" in ann else None
+    rows[key] = (ms(m["creationTimestamp"]), gates, (m.get("labels") or {}).get("churn-throttler.io/gated", "-"))
+t0 = min(c for c, _, _ in rows.values())
+print(f"{'answered (s)':>12}  {'pod':<16} {'by':<4} {'waited (s)':>10} {'stamp-answer (ms)':>17}  label     gates left")
+for r in ours:
+    key = f'{r["ns"]}/{r["name"]}'
+    created, gates, label = rows.get(key, (r["done"], [], "?"))
+    lag = r["done"] - stamp[key] if stamp.get(key) is not None else None
+    print(f"{(r['done'] - t0) / 1000:12.3f}  {key:<16} {r['proc']:<4} {(r['done'] - created) / 1000:10.1f} {lag if lag is not None else '-':>17}  {label:<9} {','.join(gates) or '-'}")
+times = [r["done"] for r in ours]
 res = {}
-res["released"] = len(rows)
+res["released"] = len(lifts)
 res["by_hand"] = by_hand
-res["all_released"] = len(rows) == total
-res["worst_window"] = worst
-res["released_twice"] = twice
-res["unattributed"] = [r[1] for r in rows if r[3] == "?"]
-res["our_gate_left"] = [r[1] for r in rows if "churn-throttler.io/paced" in r[4]]
-res["foreign_kept"] = sorted(r[1] for r in rows if r[4] == ["e2e.example/other"])
-# Terms: per process, the span of its releases; spans of different processes must not overlap.
-spans = {}
-for at, key, created, proc, gates, label in rows:
-    lo, hi = spans.get(proc, (at, at)); spans[proc] = (min(lo, at), max(hi, at))
-ordered = sorted(spans.items(), key=lambda kv: kv[1][0])
-res["spans"] = {p: [(s - t0) / 1000, (e - t0) / 1000] for p, (s, e) in ordered}
-res["overlap"] = any(ordered[i][1][1] >= ordered[i + 1][1][0] for i in range(len(ordered) - 1))
-# First release after each disruption, and the window around the restart.
+res["all_released"] = sorted(lifts_per_pod) == sorted(rows)
+res["released_twice"] = sorted(k for k, n in lifts_per_pod.items() if n > 1)
+res["worst_window"], at = worst_window_at(times, window)
+res["worst_window_at_s"] = (at - t0) / 1000 if at else None
+# Around each disruption: the worst window among those that start up to a window before
+# it and up to two windows after (the backlog after a failover, the retries after the
+# API server resumes), and what was answered in the first window after it.
+def around(t):
+    near = [x for x in times if t - window <= x <= t + 3 * window]
+    return max_in_window(near, window)
+for name, t in (("kill", t_kill), ("restart", t_restart), ("resume", t_back)):
+    res[f"worst_around_{name}"] = around(t)
+    res[f"in_first_window_after_{name}"] = sum(1 for x in times if t <= x < t + window)
+res["resume_first_s"] = [round((x - t_back) / 1000, 3) for x in times if t_back <= x < t_back + window]
+res["unattributed"] = [f'{r["ns"]}/{r["name"]}' for r in ours if r["proc"] == "?"]
+res["our_gate_left"] = [k for k, (_, gates, _) in rows.items() if "churn-throttler.io/paced" in gates]
+res["foreign_kept"] = sorted(k for k, (_, gates, _) in rows.items() if gates == ["e2e.example/other"])
+# Terms: the processes in the order of their releases' answers; each may appear in one
+# run only (a process that releases again after another one did interleaves with it).
+runs = []
+for r in ours:
+    if not runs or runs[-1][0] != r["proc"]:
+        runs.append([r["proc"], r["done"], r["done"], 0])
+    runs[-1][2] = r["done"]; runs[-1][3] += 1
+res["runs"] = [[p, round((a - t0) / 1000, 3), round((b - t0) / 1000, 3), n] for p, a, b, n in runs]
+res["interleaved"] = len(runs) != len({p for p, _, _, _ in runs})
 after = lambda t: min((x for x in times if x > t), default=None)
 res["first_after_kill_s"] = (after(t_kill) - t_kill) / 1000 if after(t_kill) else None
 res["first_after_restart_s"] = (after(t_restart) - t_restart) / 1000 if after(t_restart) else None
 res["in_window_before_restart"] = sum(1 for x in times if t_restart - window < x <= t_restart)
-res["released_in_first_window_after_restart"] = sum(1 for x in times if t_restart < x < t_restart + window)
 res["released_during_outage"] = sum(1 for x in times if t_outage < x < t_back)
 res["first_after_outage_s"] = (after(t_back) - t_back) / 1000 if after(t_back) else None
+# The hand-ungated pod counted by the releaser: its patch that marks it and lifts nothing.
+res["by_hand_marked"] = sorted(f'{r["ns"]}/{r["name"]}' for r in reqs
+    if r["user"] == SA and r["verb"] == "patch" and r["code"] == 200 and not is_gate_lift(r)
+    and f'{r["ns"]}/{r["name"]}' in by_hand
+    and any("released-at" in str(op.get("path", "")) for op in (r["ops"] or [])))
+# Cross-check, not a judgement: the stamps the releaser wrote against the answers.
+lags = sorted(r["done"] - stamp[f'{r["ns"]}/{r["name"]}'] for r in ours if stamp.get(f'{r["ns"]}/{r["name"]}') is not None)
+res["stamp_to_answer_ms"] = {"min": lags[0], "median": lags[len(lags) // 2], "max": lags[-1]} if lags else None
+res["worst_window_by_stamps"] = max_in_window([v for k, v in stamp.items() if v is not None and k not in by_hand], window)
 # Leader gauges and lease, sampled every 0.25 s.
 samples = [l.split() for l in open(f"{w}/monitor.log")]
 res["samples"] = len(samples)
@@ -301,11 +351,12 @@ for e in evs:
     res["events_by_ns"][e["metadata"]["namespace"]] = res["events_by_ns"].get(e["metadata"]["namespace"], 0) + 1
 res["event_example"] = evs[0]["note"] if evs else None
 # The restarted leader's seeding: its start-up line says how many releases it charged
-# into its windows (`seeded`); the pods' released-at stamps (of releases by the other
-# processes) say how many there were in the window before that moment. The releaser takes
-# `now` just before it logs (its first releases carry the line's own millisecond), so at
-# most SLACK_MS before the line: the count lies between the releases in the window ending
-# at the line and those in the window ending SLACK_MS earlier.
+# into its windows (`seeded`), which it reads from the pods' released-at stamps; those
+# stamps (of releases by the other processes) say how many there were in the window
+# before that moment. The releaser takes `now` just before it logs (its first releases
+# carry the line's own millisecond), so at most SLACK_MS before the line: the count lies
+# between the releases in the window ending at the line and those in the window ending
+# SLACK_MS earlier.
 SLACK_MS = 200
 lead = None
 for line in open(f"{w}/releaser-b2.log"):
@@ -319,7 +370,8 @@ else:
     t_lead = ms(lead["timestamp"])
     # Not its own: the first round's releases are stamped with the round's time, before
     # the line is written.
-    stamps = [r[0] for r in rows if r[3] != "b2"]
+    mine = {f'{r["ns"]}/{r["name"]}' for r in ours if r["proc"] == "b2"}
+    stamps = [v for k, v in stamp.items() if v is not None and k not in mine and k not in by_hand]
     res["seeded"] = lead["fields"].get("seeded")
     res["seed_gated"] = lead["fields"].get("gated")
     res["seed_expected"] = [sum(1 for x in stamps if t_lead - window < x <= t_lead),
@@ -330,29 +382,34 @@ PY
 sed '/^RESULT /d' "$W/checks.out"
 result="$(sed -n 's/^RESULT //p' "$W/checks.out")"
 get() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$result" "$1"; }
-say "release spans per process (s from first creation): $(get spans)"
+say "releases by process, in the order of their answers [process, first s, last s, count]: $(get runs)"
 say "first release after the leader was killed: $(get first_after_kill_s) s; after the restart: $(get first_after_restart_s) s"
-say "releases in the window before the restart: $(get in_window_before_restart); in the first window after it: $(get released_in_first_window_after_restart)"
-say "API server outage: $(get released_during_outage) released while it was frozen; first release $(get first_after_outage_s) s after it came back"
+say "releases in the window before the restart: $(get in_window_before_restart); in the first window after the kill, the restart, kill -CONT: $(get in_first_window_after_kill), $(get in_first_window_after_restart), $(get in_first_window_after_resume) (answered at $(get resume_first_s) s after kill -CONT)"
+say "API server outage: $(get released_during_outage) released while it was frozen; first release answered $(get first_after_outage_s) s after it came back"
+say "cross-check: released-at stamp -> the patch's answer $(get stamp_to_answer_ms) ms; most in a window by the stamps $(get worst_window_by_stamps)"
 say "Events written: $(get events) $(get events_by_ns); e.g.: $(get event_example)"
 
-[[ "$(get all_released)" == true ]] && ok "all $TOTAL pods released, none lost across the failover and the restart" \
-  || bad "released $(get released) of $TOTAL"
-(( $(get worst_window) <= RULE_EVENTS )) && ok "at most $RULE_EVENTS releases in any ${RULE_WINDOW_MS} ms window (worst: $(get worst_window)), across the failover and the restart" \
-  || bad "$(get worst_window) releases in one window (limit $RULE_EVENTS)"
-[[ "$(get by_hand)" == '["team-c/web-14"]' ]] && ok "the pod un-gated by hand was marked released (reason ungated-elsewhere)" \
-  || bad "un-gated by hand: $(get by_hand)"
-[[ "$(get released_twice)" == "[]" && "$(get unattributed)" == "[]" ]] && ok "each pod released once, by one process" \
-  || bad "released twice: $(get released_twice); unattributed: $(get unattributed)"
-[[ "$(get overlap)" == false ]] && ok "releases of different processes never interleave" || bad "release spans overlap: $(get spans)"
-(( $(get released_during_outage) == 0 )) && ok "nothing released while the API server was frozen" \
+[[ "$(get all_released)" == true ]] && ok "all $TOTAL pods released (audit log: a gate-removing patch for each), none lost across the failover and the restart" \
+  || bad "released $(get released) of $TOTAL (audit log)"
+numeric "$(get worst_window) <= RULE_EVENTS" && ok "at most $RULE_EVENTS releases in any ${RULE_WINDOW_MS} ms window at the patches' answers (audit log; worst: $(get worst_window)), across the failover and the restart" \
+  || bad "$(get worst_window) releases answered in one window from $(get worst_window_at_s) s (limit $RULE_EVENTS)"
+numeric "$(get worst_around_kill) <= RULE_EVENTS && $(get worst_around_restart) <= RULE_EVENTS && $(get worst_around_resume) <= RULE_EVENTS" \
+  && ok "around the failover, the restart and the freeze (a window before to three after; the seconds after kill -CONT included) at most $(get worst_around_kill), $(get worst_around_restart), $(get worst_around_resume) in a window" \
+  || bad "a burst around a disruption: kill $(get worst_around_kill), restart $(get worst_around_restart), kill -CONT $(get worst_around_resume) in one window"
+[[ "$(get by_hand)" == '["team-c/web-14"]' && "$(get by_hand_marked)" == '["team-c/web-14"]' ]] \
+  && ok "the pod un-gated by hand (audit log: the only gate removed by another user) was marked released by the releaser" \
+  || bad "un-gated by hand: $(get by_hand); marked by the releaser: $(get by_hand_marked)"
+[[ "$(get released_twice)" == "[]" && "$(get unattributed)" == "[]" ]] && ok "each pod released once (one gate-removing patch per pod), each by a known process's token" \
+  || bad "more than one gate-removing patch: $(get released_twice); from no known token: $(get unattributed)"
+[[ "$(get interleaved)" == false ]] && ok "releases of different processes never interleave (audit log, by token)" || bad "releases interleave: $(get runs)"
+numeric "$(get released_during_outage) == 0" && ok "nothing released while the API server was frozen" \
   || bad "$(get released_during_outage) released during the outage"
-(( $(get max_leaders) <= 1 )) && ok "leader gauges never summed above 1 ($(get samples) samples)" || bad "two leaders at once in the samples"
+numeric "$(get max_leaders) <= 1" && ok "leader gauges never summed above 1 ($(get samples) samples)" || bad "two leaders at once in the samples"
 [[ "$(get our_gate_left)" == "[]" ]] && ok "our gate removed from every pod" || bad "gate still on: $(get our_gate_left)"
 [[ "$(get foreign_kept)" == '["team-a/web-03", "team-b/web-03", "team-c/web-03"]' ]] \
   && ok "foreign gates kept (3 pods still gated by e2e.example/other)" || bad "foreign gates: $(get foreign_kept)"
 ev=$(get events)
-(( ev >= 1 && ev <= 3 * ${#NAMESPACES[@]} * ( (t_done - t_created) / 30000 + 2 ) )) \
+numeric "ev >= 1 && ev <= 3 * ${#NAMESPACES[@]} * ( (t_done - t_created) / 30000 + 2 )" \
   && ok "Events on waiting pods, aggregated per namespace and rule ($ev for $TOTAL pods)" || bad "$ev Events"
 # The count, not the word: `seeded` in the restarted leader's start-up line against the
 # released-at stamps in the window before it (at least one: it restarted mid-queue).

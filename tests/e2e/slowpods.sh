@@ -286,14 +286,24 @@ for ns in "${PACED[@]}" "$SCALE_NS"; do k label namespace "$ns" "$OPTIN=true" >/
 
 # ---- every template at once ------------------------------------------------------------
 section "the slow rollout: $STS x $REPLICAS pods, $LIMIT per ${WINDOW_S} s"
+# The StatefulSets as the API server stores them (a watch, from their current state on):
+# each one's generation and partition, to see every labelled rollout held.
+mkfifo "$W/sts.fifo"
+python3 "$here/status_report.py" record "$W/sts-watch.log" <"$W/sts.fifo" &
+PROC[sts_recorder]=$!
+kubectl get sts -A -l e2e=slowpods --watch --output-watch-events \
+  -o go-template='{{.type}} {{.object.metadata.namespace}} {{.object.metadata.name}} {{.object.metadata.generation}} {{with .object.spec.updateStrategy.rollingUpdate}}{{if .partition}}{{.partition}}{{else}}0{{end}}{{else}}0{{end}} {{.object.spec.replicas}}{{"\n"}}' \
+  >"$W/sts.fifo" 2>"$W/logs/sts-watch.err" &
+PROC[sts_watch]=$!
+sts_watch_has() { (( $(grep -c " $FREE " "$W/sts-watch.log" 2>/dev/null || true) >= 1 && $(wc -l <"$W/sts-watch.log") >= STS + 1 )); }
+wait_for "the StatefulSet watch listed the sets" sts_watch_has
 all_yaml 2 >"$W/sts-2.yaml"
 t_change=$(now_ms)
 k apply -f "$W/sts-2.yaml" >/dev/null 2>"$W/apply-2.err"
 say "changed $((STS + 1)) templates with one kubectl apply in $(( $(now_ms) - t_change )) ms; kubectl printed (once: it folds repeated warnings): $(grep -m1 '^Warning' "$W/apply-2.err" || true)"
 keep_scrape a
-(( $(decisions partition a) == STS )) \
-  && ok "the webhook held every labelled rollout: $(decisions partition a) partition decisions for $STS StatefulSets" \
-  || bad "partition decisions: $(decisions partition a) for $STS"
+# Judged after the rollout from the StatefulSet watch; the metrics are the cross-check.
+partition_decisions="$(decisions partition a)"
 
 # kubectl rollout status on a sample of held sets (docs/partition.md: it does not wait).
 SAMPLE=()
@@ -355,11 +365,11 @@ done
 makespan_ms=$(( t_done - t_change ))
 say "every StatefulSet converged $(secs "$makespan_ms") s after the change (polled every second)"
 if (( KILL == 1 )); then
-  (( handover_ms > 0 && handover_ms <= 15000 )) && ok "failover: releaser-a took the lease within 15 s ($(secs "$handover_ms") s)" \
+  numeric "handover_ms > 0 && handover_ms <= 15000" && ok "failover: releaser-a took the lease within 15 s ($(secs "$handover_ms") s)" \
     || bad "handover: $handover_ms ms"
   a_steps=$(grep -c '"releaser: partition stepped"' "$W/replica-a.log" || true)
   a_lifts=$(grep -c '"releaser: released"' "$W/replica-a.log" || true)
-  (( a_steps >= 1 && a_lifts >= 1 )) \
+  numeric "a_steps >= 1 && a_lifts >= 1" \
     && ok "releaser-a took over the work: $a_steps partition steps and $a_lifts gate lifts after the failover (its log)" \
     || bad "releaser-a after the failover: $a_steps steps, $a_lifts lifts"
 else
@@ -378,7 +388,7 @@ while read -r ns name; do
   kubectl -n "$ns" rollout status "sts/$name" --timeout=5s >>"$W/rollout-final.out" 2>&1 || { rs_fail=$((rs_fail + 1)); echo "FAILED $ns/$name" >>"$W/rollout-final.out"; }
 done <"$W/sets.txt"
 n_sets=$(wc -l <"$W/sets.txt")
-(( n_sets == STS + 1 && rs_fail == 0 )) \
+numeric "n_sets == STS + 1 && rs_fail == 0" \
   && ok "after convergence kubectl rollout status --timeout=5s returns 0 for all $n_sets sets (\"$(grep -m1 . "$W/rollout-final.out")\")" \
   || bad "kubectl rollout status after convergence: $rs_fail of $n_sets failed ($(grep -m1 FAILED "$W/rollout-final.out" || true))"
 
@@ -387,13 +397,22 @@ k get pods -A -l e2e=slowpods -o json >"$W/pods-final.json"
 py pods --namespaces "$(IFS=,; echo "${PACED[*]}")" <"$W/pods-final.json" >"$W/pods-final.summary"
 pods_summary="$(cat "$W/pods-final.summary")"
 pget() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$pods_summary" "$1"; }
-(( $(pget pods) == STEPS && $(pget gated) == 0 && $(pget labelled_gated) == 0 )) \
+numeric "$(pget pods) == STEPS && $(pget gated) == 0 && $(pget labelled_gated) == 0" \
   && ok "nothing stranded at the end (after the failover, if any): $(pget pods) pods, none gated, every set converged" \
   || bad "stranded: $pods_summary"
 keep_scrape a
 
-# ---- checks from the audit log ---------------------------------------------------------
+# ---- checks from the audit log and the StatefulSet watch ---------------------------------
 section "the rollout's audit log"
+stop_proc "${PROC[sts_watch]}"; unset 'PROC[sts_watch]'
+sleep 0.5
+stop_proc "${PROC[sts_recorder]}"; unset 'PROC[sts_recorder]'
+held="$(python3 "$here/partition_report.py" held-history "$W/sts-watch.log" --t-change "$t_change" \
+  --held-namespaces "$(IFS=,; echo "${PACED[*]}")" --free-namespace "$FREE")"
+hget() { python3 -c 'import json,sys; v=json.loads(sys.argv[1])[sys.argv[2]]; print(json.dumps(v) if isinstance(v,(dict,list)) else v)' "$held" "$1"; }
+numeric "$(hget held_by_watch) == STS && partition_decisions == STS" && [[ "$(hget not_held_by_watch)" == "[]" && "$(hget partition_rises)" == "[]" && "$(hget free_first_new)" == "[\"$FREE/db-0 partition=0\"]" ]] \
+  && ok "every labelled rollout held (StatefulSet watch: the new template of each of the $STS sets stored with partition = replicas, then never raised; $FREE's stored with 0), as many as the webhook's partition decisions ($partition_decisions)" \
+  || bad "held by the watch: $(hget held_by_watch) of $STS, not held: $(hget not_held_by_watch), raised: $(hget partition_rises), $FREE: $(hget free_first_new); partition decisions in the metrics: $partition_decisions"
 t_end_rollout=$(now_ms)
 py audit --audit "$W/logs/audit.log" --namespaces "$(IFS=,; echo "${PACED[*]}")" --since "$t_change" --until "$t_end_rollout" \
   --t-kill "$t_kill" --window-ms $((WINDOW_S * 1000)) --releaser-user "$SA_USER" >"$W/rollout.out"
@@ -411,11 +430,11 @@ for what in deletes lifts binds steps; do
     binds) desc="bindings (pods/binding by the scheduler), one per pod" ;;
     steps) desc="partition steps (the releaser's StatefulSet patches), one per pod" ;;
   esac
-  (( n >= lo && n <= hi && worst <= LIMIT )) \
+  numeric "n >= lo && n <= hi && worst <= LIMIT" \
     && ok "audit log, at the answers: $n $desc, at most $LIMIT in any ${WINDOW_S} s window: worst $worst at $(get "worst_${what}_at_s") s (per 1 s: $(get "worst_${what}_1s"))" \
     || bad "audit log: $n $desc (want $lo..$hi), worst ${WINDOW_S} s window $worst at $(get "worst_${what}_at_s") s"
 done
-(( $(pget released_at) == STEPS && $(get lifts) + $(pget admitted_by) == STEPS )) \
+numeric "$(pget released_at) == STEPS && $(get lifts) + $(pget admitted_by) == STEPS" \
   && ok "every start went through the gate rule: $(pget released_at) pods with released-at = $(get lifts) lifted + $(pget admitted_by) admitted at once by the leader's webhook" \
   || bad "starts: released-at on $(pget released_at) pods, $(get lifts) lifts + $(pget admitted_by) admitted at once, for $STEPS"
 say "kwok's slow Stages over the rollout: deletion $(get deletion_ms) ms; Ready after binding $(get ready_after_bind_ms) ms"
@@ -427,20 +446,21 @@ say "kwok's slow Stages over the rollout: deletion $(get deletion_ms) ms; Ready 
   || bad "Ready after binding: $(get ready_after_bind_ms)"
 [[ "$(get refused)" == "[]" ]] && ok "no request of the StatefulSet controller refused (no 4xx but 404/409 in the audit log)" \
   || bad "refused: $(get refused)"
-(( $(decisions deny a b) == 0 && $(decisions retry-after a b) == 0 )) \
-  && ok "no deny or retry-after decision in either replica's /metrics (partition $(decisions partition a b), gate $(decisions gate a b), allow $(decisions allow a b))" \
-  || bad "decisions: deny $(decisions deny a b), retry-after $(decisions retry-after a b)"
+n_429="$(python3 -c 'import json, sys; print(len(json.loads(sys.argv[1])))' "$(get answers_429)")"
+numeric "n_429 == 0 && $(decisions deny a b) == 0 && $(decisions retry-after a b) == 0" \
+  && ok "no deny or retry-after: no request in the labelled namespaces answered 429 (audit log), and none decided in either replica's /metrics (partition $(decisions partition a b), gate $(decisions gate a b), allow $(decisions allow a b))" \
+  || bad "answered 429 (audit log): $n_429 $(get answers_429); decisions: deny $(decisions deny a b), retry-after $(decisions retry-after a b)"
 if (( KILL == 1 )); then
   around="$(get worst_deletes_around_kill) $(get worst_lifts_around_kill) $(get worst_binds_around_kill) $(get worst_steps_around_kill)"
   say "around the kill ($(secs $(( t_kill - t_change ))) s): first step $(get first_steps_after_kill_s) s after it, first lift $(get first_lifts_after_kill_s) s, first binding $(get first_binds_after_kill_s) s"
   read -r a1 a2 a3 a4 <<<"$around"
-  (( a1 <= LIMIT && a2 <= LIMIT && a3 <= LIMIT && a4 <= LIMIT )) \
+  numeric "a1 <= LIMIT && a2 <= LIMIT && a3 <= LIMIT && a4 <= LIMIT" \
     && ok "no ${WINDOW_S} s window over $LIMIT within 30 s of the kill (deletions $a1, lifts $a2, bindings $a3, steps $a4)" \
     || bad "around the kill: deletions $a1, lifts $a2, bindings $a3, steps $a4"
 fi
 
 # collateral
-(( collateral_ms > 0 )) && fcheck "$collateral_ms <= 1.5 * $baseline_ms" \
+numeric "collateral_ms > 0" && fcheck "$collateral_ms <= 1.5 * $baseline_ms" \
   && ok "collateral: the unlabelled StatefulSet rolled out in $(secs "$collateral_ms") s during the mass rollout, $(awk "BEGIN{printf \"%.2f\", $collateral_ms / $baseline_ms}") x its $(secs "$baseline_ms") s alone (at most 1.5 x)" \
   || bad "collateral: $collateral_ms ms against $baseline_ms ms alone"
 
@@ -449,7 +469,7 @@ ideal_rate_ms=$(( STEPS * WINDOW_S * 1000 / LIMIT + (STOP_S + START_S) * 1000 ))
 bound_ms=$(( chain_ms * 115 / 100 + handover_ms ))
 floor_ms=$(( (STS - 1) * WINDOW_S * 1000 / LIMIT + REPLICAS * (STOP_MIN_S + START_MIN_S) * 1000 ))
 say "makespan $(secs "$makespan_ms") s: $(awk "BEGIN{printf \"%.3f\", $makespan_ms / $ideal_rate_ms}") x the rate's ideal $(secs "$ideal_rate_ms") s (1.15 x = $(secs $(( ideal_rate_ms * 115 / 100 ))) s, not reachable: see the header); $(awk "BEGIN{printf \"%.3f\", $makespan_ms / $chain_ms}") x the per-set chain bound $(secs "$chain_ms") s; handover $(secs "$handover_ms") s"
-(( makespan_ms <= bound_ms && makespan_ms >= floor_ms )) \
+numeric "makespan_ms <= bound_ms && makespan_ms >= floor_ms" \
   && ok "makespan $(secs "$makespan_ms") s within [floor $(secs "$floor_ms") s, 1.15 x the chain bound + the handover = $(secs "$bound_ms") s]" \
   || bad "makespan $(secs "$makespan_ms") s outside [$(secs "$floor_ms"), $(secs "$bound_ms")] s"
 
@@ -487,16 +507,16 @@ uget() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]); [v := (v or {})
 dget() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]); [v := (v or {}).get(k) for k in sys.argv[2].split(".")]; print(json.dumps(v) if isinstance(v,(dict,list)) else v)' "$down" "$1"; }
 new=$(( SCALE_TO - REPLICAS ))
 say "scale up: all $SCALE_TO Ready $(secs "$up_ms") s after kubectl scale; bindings per ${WINDOW_S} s window: $(uget binds_per_window), lifts: $(uget lifts_per_window)"
-(( $(uget binds) == new && $(uget worst_binds) <= BUILTIN_LIMIT )) \
+numeric "$(uget binds) == new && $(uget worst_binds) <= BUILTIN_LIMIT" \
   && ok "scale up: $(uget binds) bindings for $new new pods, at most $BUILTIN_LIMIT in any ${WINDOW_S} s window at their answers (worst $(uget worst_binds))" \
   || bad "scale up: $(uget binds) bindings for $new pods, worst window $(uget worst_binds)"
-(( $(uget lifts) >= 1 && $(uget lifts) <= new && $(uget worst_lifts) <= BUILTIN_LIMIT )) \
+numeric "$(uget lifts) >= 1 && $(uget lifts) <= new && $(uget worst_lifts) <= BUILTIN_LIMIT" \
   && ok "scale up: $(uget lifts) gate lifts, at most $BUILTIN_LIMIT in any ${WINDOW_S} s window (worst $(uget worst_lifts))" \
   || bad "scale up: $(uget lifts) lifts, worst window $(uget worst_lifts)"
 [[ "$(uget ready_after_bind_ms.n)" == "$new" ]] && fcheck "$(uget ready_after_bind_ms.max) <= 3000" \
   && ok "pods without the slow label keep kwok's fast Stages: Ready $(uget ready_after_bind_ms.min)..$(uget ready_after_bind_ms.max) ms after binding" \
   || bad "fast pods' Ready after binding: $(uget ready_after_bind_ms)"
-(( $(decisions deny c) == 0 && $(decisions retry-after c) == 0 )) \
+numeric "$(decisions deny c) == 0 && $(decisions retry-after c) == 0" \
   && ok "scale: no deny or retry-after decision (gate $(decisions gate c), allow $(decisions allow c))" \
   || bad "scale decisions: deny $(decisions deny c), retry-after $(decisions retry-after c)"
 say "scale down to $REPLICAS: done $(secs "$down_ms") s after kubectl scale; $(dget deletes) deletions by the StatefulSet controller between $(dget deletes_first_s) and $(dget deletes_last_s) s, at most $(dget worst_deletes) in a ${WINDOW_S} s window (not paced by the built-in policy, by design: a figure)"

@@ -101,7 +101,7 @@ def audit(a):
     since, until = a.since, a.until or 1 << 62
     window = a.window_ms
     pods = {}  # "ns/name" -> dict of first times
-    refused, steps, hold_ends, patch_codes = [], [], [], {}
+    refused, steps, hold_ends, patch_codes, answers_429 = [], [], [], {}, []
     marks = 0
 
     def first(key, what, t):
@@ -124,6 +124,9 @@ def audit(a):
         verb = e.get("verb")
         res, sub = ref.get("resource"), ref.get("subresource") or ""
         key = f'{ns}/{ref.get("name")}'
+        if code == 429:
+            # A deny or a retry-after of the webhook, as the API server answered it.
+            answers_429.append([round((t - since) / 1000, 3), user, verb, res + ("/" + sub if sub else ""), key])
         if user == STS_CONTROLLER and code >= 400 and code not in (404, 409):
             refused.append([round((t - since) / 1000, 3), verb, res + ("/" + sub if sub else ""), key, code])
         if res == "statefulsets" and not sub and user == a.releaser_user and verb == "patch":
@@ -156,7 +159,8 @@ def audit(a):
         elif sub == "status" and user == KWOK and "bind" in pods.get(key, {}):
             first(key, "ready", t)
 
-    res = {"refused": refused, "releaser_sts_patch_codes": patch_codes, "marked_released": marks}
+    res = {"refused": refused, "releaser_sts_patch_codes": patch_codes, "marked_released": marks,
+           "answers_429": answers_429}
     series = {
         "deletes": [p["delete"] for p in pods.values() if "delete" in p],
         "creates": [p["create"] for p in pods.values() if "create" in p],

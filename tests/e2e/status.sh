@@ -9,8 +9,9 @@
 #   - 3 Deployments x 10 pods created at once in 3 labelled namespaces under a gate rule of
 #     5 per 10 s, and 5 StatefulSets x 3 changed at once under a partition rule of 5 per 10 s;
 #   - `status -A -o json` while they wait lists every gated pod and every held set; the
-#     places are the order the releaser then releases in (released-at), each estimate
-#     within one window of the real release (errors printed);
+#     places are the order the releaser then releases in, and each estimate is within one
+#     spacing + 1 s of the real release (errors printed): the answer of the pod's
+#     gate-removing patch in the API server's audit log;
 #   - `status sts/X --wait` returns 0 once X's last pod is Ready (a pod watch) and not
 #     before; on a held set it times out (exit 3); on a set let go by an exempt writer it
 #     exits 4; `kubectl rollout status` on a held set, for comparison;
@@ -51,8 +52,21 @@ py() { python3 "$here/status_report.py" "$@"; }
 e2e_build
 e2e_workdir   # W; PROC's processes stopped on exit
 
-# ---- cluster, install, identities ----------------------------------------------------
-cluster_up "$W" 3 || die "cluster up failed"
+# ---- cluster (with an audit log of pod patches), install, identities ---------------------
+# The releases are the accepted pod patches that remove a gate, at their answers.
+mkdir -p "$W/logs"
+cat >"$W/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Request
+    resources: [{ group: "", resources: [pods] }]
+    verbs: [patch]
+  - level: None
+EOF
+CLUSTER_KUBE_ARGS_APISERVER="${CLUSTER_KUBE_ARGS_APISERVER:-} --audit-policy-file=$W/audit-policy.yaml --audit-log-path=$W/logs/audit.log --audit-log-format=json --audit-log-maxsize=0" \
+  cluster_up "$W" 3 || die "cluster up failed"
 # shellcheck disable=SC1091
 source "$W/env"
 k() { kubectl --request-timeout=20s "$@"; }
@@ -217,11 +231,11 @@ listed="$(python3 -c 'import json,sys; print("\n".join(sorted(p["namespace"]+"/"
 extra="$(comm -13 "$W/gated-before.txt" <(echo "$listed") | grep -c . || true)"
 lost="$(comm -23 "$W/gated-after.txt" <(echo "$listed") | grep -c . || true)"
 n_listed="$(grep -c . <<<"$listed" || true)"
-(( n_listed >= 10 && extra == 0 && lost == 0 )) \
+numeric "n_listed >= 10 && extra == 0 && lost == 0" \
   && ok "status -A -o json lists every gated pod: $n_listed (gated before it: $(wc -l <"$W/gated-before.txt"), after: $(wc -l <"$W/gated-after.txt"); none missing, none extra)" \
   || bad "gated pods listed $n_listed, not gated before $extra, gated after but missing $lost"
 held_listed="$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["heldStatefulSets"]))' "$W/status.json")"
-(( held_listed == SETS )) && ok "status -A -o json lists the $SETS held StatefulSets" || bad "held sets listed: $held_listed"
+numeric "held_listed == SETS" && ok "status -A -o json lists the $SETS held StatefulSets" || bad "held sets listed: $held_listed"
 python3 - "$W/status.json" <<'PY' && ok "the JSON has the documented top level, rules and leader" || bad "JSON schema: $(head -c 300 "$W/status.json")"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -258,15 +272,24 @@ wait_for "every Deployment pod released" none_gated
 wait_for "the wait on sts-0 to end" test -s "$W/wait-0.rc"
 read -r rc0 t_wait0 <"$W/wait-0.rc"
 k get pods -A -l app=web -o json >"$W/pods-final.json"
-py compare "$W/status.json" "$W/pods-final.json" $((WINDOW_S * 1000)) >"$W/compare.json"
+# What the estimate may be off by: it runs the releaser's own order on the windows the
+# status saw, with the same spacing (burst 2: one release per (10 s + 0.5 s) / 5 = 2.1 s
+# after the first two), so it misses only (a) how long after its slot a release is
+# answered (the releaser's round, then the patch: well under a second) and (b) a release
+# in flight while the status read the cluster, which it does not see: every later pod
+# then goes one spacing later than estimated. So the tolerance is one spacing + 1 s,
+# 3.1 s: an estimate a whole window (10 s) off fails.
+SPACING_MS=$(( (WINDOW_S * 1000 + WINDOW_S * 1000 / 20) / LIMIT ))
+TOLERANCE_MS=$(( SPACING_MS + 1000 ))
+py compare "$W/status.json" "$W/pods-final.json" "$TOLERANCE_MS" "$W/logs/audit.log" "$SA_USER" >"$W/compare.json"
 get() { python3 -c 'import json,sys; v=json.load(open(sys.argv[1])).get(sys.argv[2]); print(json.dumps(v) if not isinstance(v,(int,float,str)) or isinstance(v,bool) else v)' "$W/compare.json" "$1"; }
-say "estimates against released-at: $(cat "$W/compare.json")"
-(( $(get compared) == n_listed && $(get inversion_count) == 0 )) \
+say "estimates against the releases in the audit log: $(cat "$W/compare.json")"
+numeric "$(get compared) == n_listed && $(get inversion_count) == 0" \
   && ok "the places are the releaser's order: $(get compared) pods released in the order of their positions (0 inversions)" \
   || bad "order: $(get compared) of $n_listed compared, $(get inversion_count) inversions: $(get inversions)"
-(( $(get within_window) == $(get compared) )) \
-  && ok "every estimate within one window ($WINDOW_S s) of the real release: max error $(get max_error_s) s, median $(get median_error_s) s, mean lateness $(get mean_late_s) s; last release $(get last_release_after_status_s) s after status, estimated $(get last_estimated_after_status_s) s" \
-  || bad "estimates: $(get within_window) of $(get compared) within a window; max error $(get max_error_s) s at $(get worst)"
+numeric "$(get within_window) == $(get compared)" \
+  && ok "every estimate within one spacing + 1 s ($(secs "$TOLERANCE_MS") s) of the real release (its gate-removing patch's answer, audit log): max error $(get max_error_s) s, median $(get median_error_s) s, mean lateness $(get mean_late_s) s; last release $(get last_release_after_status_s) s after status, estimated $(get last_estimated_after_status_s) s" \
+  || bad "estimates: $(get within_window) of $(get compared) within $(secs "$TOLERANCE_MS") s; max error $(get max_error_s) s at $(get worst)"
 
 # sts-0: the wait returned once its last pod was Ready, not before.
 rev0="$(k -n "$STS_NS" get sts sts-0 -o jsonpath='{.status.updateRevision}')"
@@ -292,7 +315,7 @@ print(len(ahead), *max(ahead, default=(0, "-")))
 PY
 )"
 read -r n_warned max_ahead max_wait <<<"$warned"
-(( n_warned >= 20 && max_ahead >= 15 )) \
+numeric "n_warned >= 20 && max_ahead >= 15" \
   && ok "the webhook's warning on gated pods counts the queue ahead: $n_warned gated with a warning, up to $max_ahead pods ahead (told about $max_wait)" \
   || bad "admission warnings: $n_warned, most pods ahead $max_ahead"
 paced="$(k get events.events.k8s.io -A -o json | python3 -c '
@@ -357,7 +380,7 @@ print(ok)' "$W/c-gated.txt" "$OPERATOR")"
 events_c="$(k -n st-c get events.events.k8s.io -o json | python3 -c '
 import json, sys
 print(sum(1 for e in json.load(sys.stdin)["items"] if e.get("reason") == "ReleasedByHand" and e.get("reportingController") == "churn-throttler.io/cli"))')"
-(( n_c >= 3 && marks == n_c && events_c == n_c )) && (( t_bound - t_released <= 5000 )) \
+numeric "n_c >= 3 && marks == n_c && events_c == n_c" && numeric "t_bound - t_released <= 5000" \
   && ok "release pods -n st-c: $n_c gated pods lifted in $(secs $((t_released - t_release))) s, all bound $(secs $((t_bound - t_released))) s later; released-by names $OPERATOR on each, $events_c ReleasedByHand Events" \
   || bad "release pods: $n_c gated, $marks marked, $events_c Events, bound after $((t_bound - t_released)) ms: $(tail -3 "$W/release-pods.out")"
 say "release pods -n st-c printed: $(tail -n1 "$W/release-pods.out")"

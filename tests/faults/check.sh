@@ -154,16 +154,37 @@ case_ "AdmissionReview admission.k8s.io/v1beta1" 200 "${j[@]}" --data-binary @"$
 answer_is "AdmissionReview admission.k8s.io/v1beta1" "$W/review-v1beta1.json" admission.k8s.io/v1beta1 true
 case_ "GET /validate" 405 "$url/validate"
 case_ "unknown path" 404 "$url/nope"
-# Plain HTTP to the TLS port: the handshake fails, nothing is served in clear text.
-if curl -s --max-time 3 -o /dev/null "http://localhost:$port/validate"; then bad "plain HTTP was answered"; else ok; fi
-printf '%-44s %-6s %-8s %s\n' "plain HTTP to the TLS port" "-" "-" "refused (TLS handshake error)"
-if curl -s --max-time 3 --tls-max 1.1 --cacert "$ca" -o /dev/null "$url/validate"; then bad "TLS 1.1 was accepted"; else ok; fi
-printf '%-44s %-6s %-8s %s\n' "TLS 1.1 client" "-" "-" "refused (TLS 1.2+ only)"
-
 wait_metric() { # wait_metric SERIES VALUE
   for _ in $(seq 1 50); do [[ "$(metric "$1")" == "$2" ]] && return 0; sleep 0.1; done
   return 1
 }
+# Plain HTTP to the TLS port: the handshake fails, nothing is served in clear text.
+# Counted as the one failed handshake so far (the TLS 1.1 case below counts the next).
+if curl -s --max-time 3 -o /dev/null "http://localhost:$port/validate"; then bad "plain HTTP was answered"
+elif wait_metric 'churn_throttler_bad_requests_total{reason="tls-handshake"}' 1; then ok
+else bad "plain HTTP: not counted as a failed handshake ($(metric 'churn_throttler_bad_requests_total{reason="tls-handshake"}'))"; fi
+printf '%-44s %-6s %-8s %s\n' "plain HTTP to the TLS port" "-" "-" "refused (TLS handshake error)"
+# TLS 1.1: curl's OpenSSL refuses TLS 1.1 itself at its default security level, so a
+# failure proves nothing until the same client has spoken TLS 1.1 to a server that accepts
+# it: openssl s_server with the server's own certificate, TLS 1.1 only, security level 0.
+# Then the refusal must be the server's: an alert it sent (rustls answers a TLS 1.1 hello
+# with handshake_failure), counted as a failed handshake on its side.
+tls11=(--tlsv1.1 --tls-max 1.1 --ciphers 'DEFAULT@SECLEVEL=0' --cacert "$ca")
+openssl s_server -accept 127.0.0.1:0 -tls1_1 -cipher 'DEFAULT@SECLEVEL=0' -www \
+  -cert "$W/dev/tls.crt" -key "$W/dev/tls.key" >"$W/s_server.log" 2>&1 &
+control=$!
+for _ in $(seq 1 50); do grep -q '^ACCEPT' "$W/s_server.log" && break; sleep 0.1; done
+cport="$(sed -n 's/^ACCEPT 127.0.0.1://p' "$W/s_server.log")"
+if curl -sS --max-time 3 "${tls11[@]}" -o /dev/null "https://localhost:${cport:-1}/" 2>"$W/tls11-control.err"; then ok
+else bad "the TLS 1.1 client could not speak TLS 1.1 to a server that accepts it, so its refusal below would prove nothing: $(cat "$W/tls11-control.err")"; fi
+kill -TERM "$control" 2>/dev/null; wait "$control" 2>/dev/null
+printf '%-44s %-6s %-8s %s\n' "TLS 1.1 client, control server (openssl)" "-" "-" "$( [[ -s "$W/tls11-control.err" ]] && echo "failed" || echo "spoke TLS 1.1")"
+if curl -sS --max-time 3 "${tls11[@]}" -o /dev/null "$url/validate" 2>"$W/tls11.err"; then bad "TLS 1.1 was accepted"
+elif grep -qE 'alert (handshake failure|protocol version)' "$W/tls11.err" \
+  && wait_metric 'churn_throttler_bad_requests_total{reason="tls-handshake"}' 2; then ok
+else bad "TLS 1.1 failed, but not by the server's alert and a handshake failure it counted: $(cat "$W/tls11.err")"; fi
+printf '%-44s %-6s %-8s %s\n' "TLS 1.1 client" "-" "-" "refused: $(sed 's/^curl: //' "$W/tls11.err" | head -c 90)"
+
 # A broken policy while serving: refused, the last good one stays.
 rules_before="$(metric churn_throttler_policy_rules)"
 rules_in_file="$(grep -c '^  - name: ' "$W/policy.yaml")"
