@@ -225,6 +225,7 @@ fn table_of_tracked_pods() {
     // (case, rounds of (now, the pod as seen), samples expected (started, ready, censored),
     //  in flight after the last round, deleted first)
     type Round = (Millis, PodNetwork);
+    type Case<'a> = (&'a str, Vec<Round>, Vec<(Millis, Millis, bool)>, u32, u32);
     let bound = |p: PodNetwork| PodNetwork { bound: true, ..p };
     let up = |p: PodNetwork| PodNetwork {
         network_ready: true,
@@ -232,7 +233,7 @@ fn table_of_tracked_pods() {
         ..p
     };
     let ready = |p: PodNetwork| PodNetwork { ready: true, ..p };
-    let cases: Vec<(&str, Vec<Round>, Vec<(Millis, Millis, bool)>, u32, u32)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "bound then network up: from the binding seen",
             vec![

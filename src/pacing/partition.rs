@@ -622,8 +622,10 @@ pub fn plan_steps(inputs: &StepInputs<'_>) -> StepPlan {
                 inputs,
                 &last_served,
                 windows,
-                not_ready,
-                &mut network_room,
+                InFlight {
+                    not_ready,
+                    network_room: &mut network_room,
+                },
                 left,
                 &mut out,
             );
@@ -664,13 +666,22 @@ fn lanes_in_turn<'h>(
     (names, lanes)
 }
 
+/// What a rule's steps count against as they are taken: its pods not Ready yet, and the
+/// network window's room shared by the adaptive rules.
+struct InFlight<'r> {
+    not_ready: &'r mut u32,
+    network_room: &'r mut Option<u32>,
+}
+
 fn plan_rule(
     indices: Vec<usize>,
     inputs: &StepInputs<'_>,
     last_served: &HashMap<&str, Millis>,
     windows: &mut Windows<'_>,
-    not_ready: &mut u32,
-    network_room: &mut Option<u32>,
+    InFlight {
+        not_ready,
+        network_room,
+    }: InFlight<'_>,
     (rule_sets, rule_pods): (usize, u64),
     out: &mut StepPlan,
 ) {
