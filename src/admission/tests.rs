@@ -819,3 +819,57 @@ fn table_of_gate_warnings() {
         assert!(message.contains(want), "{case}: {message}");
     }
 }
+
+/// An adaptive gate rule's pod that fits the rate is admitted at once only while the
+/// leading releaser's network window has room; full, or no word from a leader: gated.
+#[test]
+fn table_of_adaptive_admissions() {
+    use crate::pacing::network::NetworkRoom;
+    use crate::queue::{Cursor, Snapshot};
+    let policy = Policy::builtin();
+    let req = fixture("pod-create-replicaset");
+    let snapshot =
+        |room: Option<NetworkRoom>| Snapshot::new(Vec::new(), Cursor::default()).with_network(room);
+    let room = |in_flight, window| Some(NetworkRoom { in_flight, window });
+    // (case, queue snapshot, verdict, text in the message)
+    let cases: Vec<(&str, Option<Snapshot>, &str, &str)> = vec![
+        (
+            "room in the window: at once",
+            Some(snapshot(room(2, 4))),
+            "allow",
+            "",
+        ),
+        (
+            "window full: gated",
+            Some(snapshot(room(4, 4))),
+            "gate",
+            "the network window is full: 4 released pods wait for their network, window 4",
+        ),
+        (
+            "no leader's word: gated",
+            None,
+            "gate",
+            "the releaser sizes the network window",
+        ),
+        (
+            "a snapshot without a window: gated",
+            Some(snapshot(None)),
+            "gate",
+            "the releaser sizes the network window",
+        ),
+    ];
+    for (case, queue, verdict, want) in cases {
+        let mut limiter = Limiter::new(1_000);
+        let decision = decide_classified(
+            &classify(&req),
+            Endpoint::Mutate,
+            &policy,
+            &mut limiter,
+            queue.as_ref(),
+            1_000_000,
+        );
+        assert_eq!(decision.verdict.label(), verdict, "{case}");
+        let message = decision.message.unwrap_or_default();
+        assert!(message.contains(want), "{case}: {message}");
+    }
+}

@@ -784,3 +784,113 @@ rules:
         assert_eq!(pair[1] - pair[0], spacing, "{pair:?}");
     }
 }
+
+#[test]
+fn the_network_window_caps_adaptive_rules_together_and_no_other() {
+    let policy = Policy::from_yaml(
+        r#"
+network: { minWindow: 1, maxWindow: 50 }
+rules:
+  - name: sts
+    match: { resources: [pods], operations: [CREATE], controllerKinds: [StatefulSet] }
+    limit: { events: 100, burst: 100, window: 10s, scope: global }
+    maxNotReady: 100
+    adaptive: true
+    action: gate
+  - name: rs
+    match: { resources: [pods], operations: [CREATE], controllerKinds: [ReplicaSet] }
+    limit: { events: 100, burst: 100, window: 10s, scope: global }
+    maxNotReady: 100
+    adaptive: true
+    action: gate
+  - name: fixed
+    match: { resources: [pods], operations: [CREATE] }
+    limit: { events: 100, burst: 100, window: 10s, scope: global }
+    action: gate
+"#,
+        "test",
+    )
+    .expect("valid");
+    let pods = queue(&[
+        ("a", "s-1", "sts", 1),
+        ("a", "s-2", "sts", 2),
+        ("a", "s-3", "sts", 3),
+        ("b", "r-1", "rs", 4),
+        ("b", "r-2", "rs", 5),
+        ("c", "f-1", "fixed", 6),
+        ("c", "f-2", "fixed", 7),
+    ]);
+    let not_ready = HashMap::new();
+    // (case, network room, releases of the adaptive rules, blocked reason of what waits)
+    let cases: &[(&str, Option<NetworkRoom>, usize, Option<Blocked>)] = &[
+        ("no window: everything goes", None, 5, None),
+        (
+            "room for 3, shared by both adaptive rules",
+            Some(NetworkRoom {
+                in_flight: 2,
+                window: 5,
+            }),
+            3,
+            Some(Blocked::Network {
+                in_flight: 5,
+                window: 5,
+            }),
+        ),
+        (
+            "full: no adaptive release",
+            Some(NetworkRoom {
+                in_flight: 6,
+                window: 5,
+            }),
+            0,
+            Some(Blocked::Network {
+                in_flight: 6,
+                window: 5,
+            }),
+        ),
+    ];
+    for (name, network, adaptive, blocked) in cases {
+        let mut limiter = Limiter::new(policy.max_buckets);
+        let plan = plan(
+            &Inputs {
+                queue: &pods,
+                not_ready: &not_ready,
+                policy: &policy,
+                now: 1_000,
+                max_releases: MAX_RELEASES_PER_ROUND,
+                network: *network,
+            },
+            &mut limiter,
+            &mut Cursor::default(),
+        );
+        let rule_of = |r: &Release| pods[r.index].rule.clone();
+        let adaptive_released = plan
+            .releases
+            .iter()
+            .filter(|r| rule_of(r) != "fixed")
+            .count();
+        let fixed_released = plan
+            .releases
+            .iter()
+            .filter(|r| rule_of(r) == "fixed")
+            .count();
+        assert_eq!(adaptive_released, *adaptive, "{name}");
+        assert_eq!(
+            fixed_released, 2,
+            "{name}: a rule that is not adaptive ignores the window"
+        );
+        let waiting: Vec<Blocked> = plan
+            .waiting
+            .iter()
+            .filter(|w| &*w.rule != "fixed")
+            .map(|w| w.blocked)
+            .collect();
+        match blocked {
+            None => assert!(waiting.is_empty(), "{name}: {waiting:?}"),
+            Some(b) => assert!(
+                waiting.iter().all(|w| w == b) && !waiting.is_empty(),
+                "{name}: {waiting:?}"
+            ),
+        }
+    }
+}

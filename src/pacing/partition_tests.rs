@@ -687,3 +687,79 @@ fn at_most_burst_steps_wait_for_their_deletion() {
         }
     }
 }
+
+#[test]
+fn an_adaptive_rule_steps_only_with_room_for_the_replacements() {
+    let yaml = r#"
+rules:
+  - name: rollouts
+    match: { resources: [statefulsets], operations: [UPDATE] }
+    limit: { events: 20, burst: 20, window: 10s, scope: global }
+    maxNotReady: 20
+    adaptive: true
+    action: partition
+  - name: fixed
+    match: { resources: [statefulsets], operations: [UPDATE], namespaces: [fixed] }
+    limit: { events: 20, burst: 20, window: 10s, scope: global }
+    maxNotReady: 20
+    action: partition
+"#;
+    let policy = policy(yaml);
+    let mut held: Vec<HeldSet> = (0..6).map(|i| set(&format!("ns{i}"), "db")).collect();
+    let mut fixed = set("fixed", "db");
+    fixed.rule = "fixed".into();
+    held.push(fixed);
+    // (case, room, adaptive steps, what the adaptive sets wait for)
+    let cases: &[(&str, Option<u32>, usize, Option<Blocked>)] = &[
+        ("no window", None, 6, None),
+        ("room for 2", Some(2), 2, Some(Blocked::Network)),
+        (
+            "no room: no step (no word from the gate releaser counts as none)",
+            Some(0),
+            0,
+            Some(Blocked::Network),
+        ),
+    ];
+    for (name, room, adaptive, blocked) in cases {
+        let plan = plan_steps(&StepInputs {
+            held: &held,
+            records: &[],
+            taken: &[],
+            policy: &policy,
+            now: 1_000,
+            max_moves: 100,
+            network_room: *room,
+        });
+        let steps = |fixed: bool| {
+            plan.moves
+                .iter()
+                .filter(|m| {
+                    matches!(m, Move::Step { .. })
+                        && (held[m.index()].namespace == "fixed") == fixed
+                })
+                .count()
+        };
+        assert_eq!(steps(false), *adaptive, "{name}");
+        assert_eq!(
+            steps(true),
+            1,
+            "{name}: a rule that is not adaptive ignores the window"
+        );
+        let waits: Vec<Blocked> = plan
+            .waiting
+            .iter()
+            .filter(|w| &*w.rule == "rollouts")
+            .map(|w| w.blocked)
+            .collect();
+        match blocked {
+            None => assert!(
+                waits.iter().all(|b| *b != Blocked::Network),
+                "{name}: {waits:?}"
+            ),
+            Some(b) => assert!(
+                !waits.is_empty() && waits.iter().all(|w| w == b),
+                "{name}: {waits:?}"
+            ),
+        }
+    }
+}
