@@ -107,6 +107,12 @@ struct Releaser {
     network: Option<(NetworkWindow, Tracker)>,
     /// The Lease's notes: the window is recorded there for the next leader.
     notes: Arc<crate::election::Notes>,
+    /// The Lease's namespace: the policy's ConfigMap (churn-throttler-policy) lives there
+    /// in the shipped manifests, and an Event on it tells of a hard cut of the window.
+    namespace: String,
+    /// A hard cut to tell in an Event this round, and when the last one was written.
+    window_cut: Option<String>,
+    window_cut_told: Option<Millis>,
     charged: Charged,
     cursor: Cursor,
     failed: Backoffs,
@@ -136,6 +142,9 @@ impl Releaser {
             ctx,
             network: None,
             notes: config.lease.notes.clone(),
+            namespace: config.lease.namespace.clone(),
+            window_cut: None,
+            window_cut_told: None,
             charged: Charged::default(),
             cursor: Cursor::default(),
             failed: Backoffs::default(),
@@ -549,6 +558,31 @@ impl Releaser {
         ));
     }
 
+    /// An Event on the policy's ConfigMap for a hard cut of the network window, at most
+    /// one per event interval.
+    async fn tell_window_cut(&mut self, leadership: &Leadership, now: Millis) {
+        let Some(note) = self.window_cut.take() else {
+            return;
+        };
+        if self
+            .window_cut_told
+            .is_some_and(|at| now.saturating_sub(at) < WINDOW_CUT_EVENT_INTERVAL_MS)
+        {
+            return;
+        }
+        self.window_cut_told = Some(now);
+        let regarding = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(POLICY_CONFIGMAP.into()),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        };
+        self.events
+            .write(vec![(regarding, "NetworkWindowCut", note)], leadership)
+            .await;
+    }
+
     /// Feeds the network window what this round sees of the adaptive rules' released
     /// pods; None when no rule is adaptive. The window moves only on a sample.
     fn measure_network(
@@ -596,6 +630,21 @@ impl Releaser {
                 .inc_by(u64::from(observed.deleted_first));
         }
         let status = window.status();
+        if status.cut_hard && status.window < before {
+            self.window_cut = Some(format!(
+                "The network window of the adaptive rules was cut from {before} to {} pods: {} \
+                 (network time p90 {}, floor {}; {} released pods wait for their network). Gated \
+                 pods are released as their network comes up (docs/adaptive.md).",
+                status.window,
+                match status.last_change {
+                    Change::Remeasure => "the floor is being measured again",
+                    _ => "a queue showed in the pods' network times",
+                },
+                describe_ms(status.p90_ms),
+                describe_ms(status.floor_ms),
+                observed.in_flight,
+            ));
+        }
         if status.window != before {
             tracing::info!(
                 window = status.window,
@@ -718,8 +767,21 @@ impl Rounds for Releaser {
             .await;
         self.send_events(&plan, &pods.eligible, leadership, now)
             .await;
+        self.tell_window_cut(leadership, now).await;
         plan.wake_at
     }
+}
+
+/// The policy's ConfigMap in the shipped manifests and chart, in the releaser's namespace.
+const POLICY_CONFIGMAP: &str = "churn-throttler-policy";
+
+/// At most one NetworkWindowCut Event in this long.
+const WINDOW_CUT_EVENT_INTERVAL_MS: Millis = 60_000;
+
+fn describe_ms(ms: Option<Millis>) -> String {
+    ms.map_or("unknown".to_string(), |ms| {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    })
 }
 
 /// The Lease's note: the window first (a new leader starts from it), then what `status`
