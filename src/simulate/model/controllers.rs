@@ -327,6 +327,9 @@ impl<'a> Sim<'a> {
                 }
                 pod.generation += 1;
                 pod.created_at = now;
+                if std::mem::take(&mut pod.awaiting_create) {
+                    self.net.uncreated = self.net.uncreated.saturating_sub(1);
+                }
                 // Below the partition the controller re-creates the current revision.
                 pod.updated = pod.ordinal >= partition;
                 self.created(p, gate);
@@ -348,6 +351,12 @@ impl<'a> Sim<'a> {
                     step_pending: false,
                     created_at: now,
                     deleted_at: 0,
+                    released_at: now,
+                    bound_at: now,
+                    net_up: true,
+                    net_pending: false,
+                    sampled: false,
+                    awaiting_create: false,
                 });
                 self.created(p, gate);
             }
@@ -375,14 +384,23 @@ impl<'a> Sim<'a> {
         self.enqueue_owner(p);
     }
 
-    /// The pod is scheduled: the kubelet makes it Ready after the start delay.
+    /// The pod is scheduled: the kubelet makes it Ready after the start delay (with the
+    /// network model: after the CNI has wired it, the base network time, then the start
+    /// delay).
     pub(super) fn start(&mut self, p: u32) {
         let now = self.now;
         let pod = &mut self.pods[p as usize];
         pod.phase = Phase::Starting;
+        if pod.gate_pending.is_none() {
+            pod.released_at = now;
+        }
         let generation = pod.generation;
         if self.throttled_pod(p) {
             self.out.starts.push(now);
+        }
+        if self.sc.cni.is_some() {
+            self.bind(p);
+            return;
         }
         let ready = now + self.delay(p, generation, 2, self.sc.start);
         self.at(ready, Ev::PodReady { pod: p, generation });
