@@ -152,6 +152,8 @@ struct Worker {
     ok: bool,
     /// The gate (index into the gate releasers) the created pod is held behind.
     gate: Option<usize>,
+    /// Admitted at once under an adaptive gate rule.
+    adaptive_at_once: bool,
 }
 
 struct Controller {
@@ -314,6 +316,11 @@ struct NetState {
     in_flight: u32,
     /// Partition steps whose replacement pod is not created yet (adaptive runs).
     uncreated: u32,
+    /// The policy the webhook decides by while the window is full: the adaptive gate
+    /// rules gate-only (None: no adaptive gate rule).
+    gate_only: Option<Policy>,
+    /// The write being applied was admitted at once under an adaptive gate rule.
+    applying_at_once: bool,
 }
 
 const UNLABELLED_NAMESPACE: &str = "unthrottled";
@@ -443,6 +450,7 @@ impl Controller {
                     slot: None,
                     ok: false,
                     gate: None,
+                    adaptive_at_once: false,
                 })
                 .collect(),
             idle: (0..workers as u16).rev().collect(),
@@ -496,11 +504,24 @@ impl<'a> Sim<'a> {
                 blocked_on_ready: false,
                 next_wake: None,
             });
+        let window = policy
+            .network
+            .filter(|_| sc.cni.is_some())
+            .map(|config| crate::pacing::network::NetworkWindow::new(config, None));
+        let gate_only = window.as_ref().and_then(|_| {
+            let mut p = policy.clone();
+            let mut any = false;
+            for r in p.rules.iter_mut() {
+                if r.action == Action::Gate && r.adaptive {
+                    r.gate_only = true;
+                    any = true;
+                }
+            }
+            any.then_some(p)
+        });
         let net = NetState {
-            window: policy
-                .network
-                .filter(|_| sc.cni.is_some())
-                .map(|config| crate::pacing::network::NetworkWindow::new(config, None)),
+            window,
+            gate_only,
             ..NetState::default()
         };
         let remaining = sc.statefulsets as u64 + sc.deployments as u64;

@@ -68,7 +68,12 @@ pub struct Row {
     pub start_p99_s: Option<f64>,
     /// The deepest CNI queue (bound, not yet wired; None without the network model).
     pub cni_queue_max: Option<u32>,
+    /// With a CNI rate that changes: the deepest queue from 30 s after the last change on.
+    pub cni_queue_max_after_step: Option<u32>,
 }
+
+/// How long after a change of the CNI's rate the queue may take to settle.
+pub const SETTLE_AFTER_STEP: Millis = 30_000;
 
 pub fn row(sc: &Scenario, r: &RunResult) -> Row {
     let action = r.action.unwrap_or(SimAction::None);
@@ -112,6 +117,13 @@ pub fn row(sc: &Scenario, r: &RunResult) -> Row {
             .cni
             .is_some()
             .then(|| crate::simulate::model::queue_max_from(&r.cni_spans, 0)),
+        cni_queue_max_after_step: sc
+            .cni
+            .as_ref()
+            .and_then(|c| c.rates.last().filter(|_| c.rates.len() > 1))
+            .map(|&(step, _)| {
+                crate::simulate::model::queue_max_from(&r.cni_spans, step + SETTLE_AFTER_STEP)
+            }),
     }
 }
 
@@ -173,13 +185,13 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::from(
         "scenario,action,makespan_s,ideal_s,vs_ideal,peak_paced,paced_event,peak_charged,peak_deletions,peak_starts,window_s,\
          outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,holds,gated,converged,workloads,events,\
-         peak_paced_1s,peak_deletions_1s,peak_starts_1s,start_p50_s,start_p99_s,cni_queue_max\n",
+         peak_paced_1s,peak_deletions_1s,peak_starts_1s,start_p50_s,start_p99_s,cni_queue_max,cni_queue_max_after_step\n",
     );
     let o = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
             sc.file.name,
             r.action.as_str(),
             o(r.makespan_s),
@@ -208,7 +220,10 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
             r.peak_starts_1s,
             o(r.start_p50_s),
             o(r.start_p99_s),
-            r.cni_queue_max.map(|q| q.to_string()).unwrap_or_default()
+            r.cni_queue_max.map(|q| q.to_string()).unwrap_or_default(),
+            r.cni_queue_max_after_step
+                .map(|q| q.to_string())
+                .unwrap_or_default()
         );
     }
     out

@@ -464,7 +464,9 @@ pub fn parse_cni_rate(text: &str) -> Result<Vec<(Millis, f64)>, String> {
             .and_then(|n| n.trim().parse().ok())
             .ok_or_else(|| format!("cniRate {text:?}: write pods/s, e.g. 0.5/s or 10/s,1/s@60s"))?;
         if !(per_s > 0.0 && per_s <= 100_000.0) {
-            return Err(format!("cniRate {text:?}: a rate is above 0 and at most 100000/s"));
+            return Err(format!(
+                "cniRate {text:?}: a rate is above 0 and at most 100000/s"
+            ));
         }
         if rates.last().is_some_and(|&(t, _)| t >= from) || (rates.is_empty() && from != 0) {
             return Err(format!(

@@ -224,9 +224,14 @@ impl<'a> Sim<'a> {
         };
         let worker = &mut self.ctrls[ctrl as usize].workers[w as usize];
         match admission {
-            Admission::Allowed { at, .. } => {
+            Admission::Allowed {
+                at,
+                adaptive_at_once,
+                ..
+            } => {
                 worker.ok = true;
                 worker.gate = gate;
+                worker.adaptive_at_once = adaptive_at_once;
                 self.out.worker_blocked += at - now;
                 self.at(at + latency, Ev::Complete { ctrl, worker: w });
             }
@@ -259,7 +264,9 @@ impl<'a> Sim<'a> {
         let worker = self.ctrls[ctrl as usize].workers[w as usize].clone();
         if worker.ok {
             if let Some(req) = worker.req {
+                self.net.applying_at_once = worker.adaptive_at_once;
                 self.apply(req, worker.gate);
+                self.net.applying_at_once = false;
             }
         }
         let c = &mut self.ctrls[ctrl as usize];
@@ -379,7 +386,12 @@ impl<'a> Sim<'a> {
                 }
                 self.wake_gate(g, self.now);
             }
-            None => self.start(p),
+            None => {
+                if self.net.applying_at_once {
+                    self.admitted_at_once(p);
+                }
+                self.start(p)
+            }
         }
         self.enqueue_owner(p);
     }

@@ -149,6 +149,28 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A pod the webhook admitted at once under an adaptive gate rule: a release, so it
+    /// waits for its network in the window.
+    pub(super) fn admitted_at_once(&mut self, p: u32) {
+        if self.net.window.is_some() {
+            self.pods[p as usize].net_pending = true;
+            self.net.in_flight += 1;
+        }
+    }
+
+    /// The window has no room for one more pod: released pods of adaptive rules whose
+    /// network is not up, and the gated ones waiting before it.
+    pub(super) fn network_full(&self) -> bool {
+        let Some(w) = self.net.window.as_ref() else {
+            return false;
+        };
+        let waiting: usize = (0..self.gates.len())
+            .filter(|&g| self.gate_adaptive(g))
+            .map(|g| self.gates[g].queue.len() + self.gates[g].real_queue.len())
+            .sum();
+        self.net.in_flight as u64 + waiting as u64 >= u64::from(w.window())
+    }
+
     pub(super) fn gate_adaptive(&self, g: usize) -> bool {
         self.policy.rules[self.gates[g].rule].adaptive
     }
@@ -231,14 +253,20 @@ mod tests {
             ("2/s", &[0, 100, 1100], &[500, 1000, 1600], &[1, 2, 1]),
             ("0.25/s", &[0, 0], &[4000, 8000], &[1, 2]),
             // A step: the rate when a pod's wiring begins.
-            ("10/s,1/s@1s", &[0, 0, 900, 900], &[100, 200, 1000, 2000], &[1, 2, 1, 2]),
+            (
+                "10/s,1/s@1s",
+                &[0, 0, 900, 900],
+                &[100, 200, 1000, 2000],
+                &[1, 2, 1, 2],
+            ),
             ("1/s,10/s@2s", &[0, 0, 0], &[1000, 2000, 2100], &[1, 2, 3]),
         ];
         for (rate, bound, wired, queue) in cases {
             let c = cni(rate, 2000);
             let mut fifo = Fifo::default();
             let got: Vec<(Millis, u32)> = bound.iter().map(|&b| fifo.bind(&c, b)).collect();
-            let want: Vec<(Millis, u32)> = wired.iter().copied().zip(queue.iter().copied()).collect();
+            let want: Vec<(Millis, u32)> =
+                wired.iter().copied().zip(queue.iter().copied()).collect();
             assert_eq!(got, want, "rate {rate}, bound {bound:?}");
             let spans: Vec<(Millis, Millis)> =
                 bound.iter().copied().zip(wired.iter().copied()).collect();
@@ -254,7 +282,14 @@ mod tests {
     fn queue_max_from_a_time_on() {
         // Three pods queued at 0 (wired at 1, 2, 3 s), one bound at 5 s.
         let spans = [(0, 1000), (0, 2000), (0, 3000), (5000, 6000)];
-        let cases = [(0, 3), (1000, 2), (1500, 2), (2500, 1), (3000, 1), (7000, 0)];
+        let cases = [
+            (0, 3),
+            (1000, 2),
+            (1500, 2),
+            (2500, 1),
+            (3000, 1),
+            (7000, 0),
+        ];
         for (from, want) in cases {
             assert_eq!(queue_max_from(&spans, from), want, "from {from}");
         }
@@ -267,7 +302,15 @@ mod tests {
             parse_cni_rate("10/s, 1/s@60s"),
             Ok(vec![(0, 10.0), (60_000, 1.0)])
         );
-        for bad in ["", "5", "0/s", "-1/s", "1/s@5s", "10/s,1/s", "1/s,2/s@10s,3/s@5s"] {
+        for bad in [
+            "",
+            "5",
+            "0/s",
+            "-1/s",
+            "1/s@5s",
+            "10/s,1/s",
+            "1/s,2/s@10s,3/s@5s",
+        ] {
             assert!(parse_cni_rate(bad).is_err(), "{bad:?} should be refused");
         }
     }

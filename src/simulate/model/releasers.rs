@@ -225,7 +225,11 @@ impl<'a> Sim<'a> {
                 // at most `burst` steps whose old pod is not deleted yet, and steps are
                 // spaced by their decision times.
                 let over_burst = |l: &crate::policy::Limit| l.burst < l.events && flying >= l.burst;
-                if rule.limits.iter().any(|l| flying >= l.events || over_burst(l)) {
+                if rule
+                    .limits
+                    .iter()
+                    .any(|l| flying >= l.events || over_burst(l))
+                {
                     // Full of steps in flight: the next re-creation wakes the releaser.
                     if global {
                         break;
