@@ -87,8 +87,6 @@ struct Pod {
     net_pending: bool,
     /// Its network time was fed to the window (at the bound, or when it came).
     sampled: bool,
-    /// A partition step released this ordinal and its replacement is not created yet.
-    awaiting_create: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -314,8 +312,6 @@ struct NetState {
     window: Option<crate::pacing::network::NetworkWindow>,
     /// Released pods of adaptive rules whose network is not up.
     in_flight: u32,
-    /// Partition steps whose replacement pod is not created yet (adaptive runs).
-    uncreated: u32,
     /// The policy the webhook decides by while the window is full: the adaptive gate
     /// rules gate-only (None: no adaptive gate rule).
     gate_only: Option<Policy>,
@@ -427,7 +423,6 @@ impl Pod {
             net_up: true,
             net_pending: false,
             sampled: false,
-            awaiting_create: false,
         }
     }
 }

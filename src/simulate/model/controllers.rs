@@ -334,9 +334,6 @@ impl<'a> Sim<'a> {
                 }
                 pod.generation += 1;
                 pod.created_at = now;
-                if std::mem::take(&mut pod.awaiting_create) {
-                    self.net.uncreated = self.net.uncreated.saturating_sub(1);
-                }
                 // Below the partition the controller re-creates the current revision.
                 pod.updated = pod.ordinal >= partition;
                 self.created(p, gate);
@@ -363,7 +360,6 @@ impl<'a> Sim<'a> {
                     net_up: true,
                     net_pending: false,
                     sampled: false,
-                    awaiting_create: false,
                 });
                 self.created(p, gate);
             }

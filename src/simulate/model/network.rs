@@ -184,9 +184,10 @@ impl<'a> Sim<'a> {
     }
 
     /// Room for partition steps: the window less the released pods of adaptive rules
-    /// whose network is not up, the gated pods of adaptive rules still waiting, and the
-    /// steps whose replacement is not created yet (each will be one of those). None: the
-    /// partition rule is not adaptive.
+    /// whose network is not up and the gated pods of adaptive rules still waiting, as the
+    /// releaser counts it. Steps whose old pod is still terminating are not counted (the
+    /// rate bounds them: about rate x termination time). None: the partition rule is not
+    /// adaptive.
     pub(super) fn partition_room(&self) -> Option<u32> {
         let w = self.net.window.as_ref()?;
         let rule = self.partition.as_ref().map(|p| p.rule)?;
@@ -197,20 +198,8 @@ impl<'a> Sim<'a> {
             .filter(|&g| self.gate_adaptive(g))
             .map(|g| self.gates[g].queue.len() + self.gates[g].real_queue.len())
             .sum();
-        let taken = self.net.in_flight as u64 + waiting as u64 + self.net.uncreated as u64;
+        let taken = self.net.in_flight as u64 + waiting as u64;
         Some((w.window() as u64).saturating_sub(taken) as u32)
-    }
-
-    /// A partition step released the pod at ordinal `pod`: its replacement counts
-    /// against the window until it is created (and then as a gated or released pod).
-    pub(super) fn step_released(&mut self, pod: u32) {
-        if self.partition_room().is_some() {
-            let pod = &mut self.pods[pod as usize];
-            if !pod.awaiting_create {
-                pod.awaiting_create = true;
-                self.net.uncreated += 1;
-            }
-        }
     }
 
     /// A pod's network came up or the window moved: the adaptive releasers look again.
@@ -247,7 +236,8 @@ mod tests {
     #[test]
     fn fifo_wires_one_after_another() {
         // (rate, binding times, wired times, queue joined)
-        let cases: &[(&str, &[Millis], &[Millis], &[u32])] = &[
+        type Case<'a> = (&'a str, &'a [Millis], &'a [Millis], &'a [u32]);
+        let cases: &[Case] = &[
             ("1/s", &[0, 0, 0], &[1000, 2000, 3000], &[1, 2, 3]),
             ("1/s", &[0, 500, 5000], &[1000, 2000, 6000], &[1, 2, 1]),
             ("2/s", &[0, 100, 1100], &[500, 1000, 1600], &[1, 2, 1]),

@@ -349,7 +349,6 @@ impl<'a> Sim<'a> {
             if new < sts.replicas {
                 let pod = sts.first_pod + new;
                 self.pods[pod as usize].step_pending = true;
-                self.step_released(pod);
             }
             if let Some(state) = self.partition.as_mut() {
                 state.not_ready += 1;
