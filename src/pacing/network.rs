@@ -43,6 +43,13 @@ const RECENT: usize = 32;
 /// At most this many workloads keep a floor; the stalest go first.
 const MAX_WORKLOADS: usize = 4_096;
 
+/// A workload's own floor is trusted once it has this many samples in the period; until
+/// then its samples are judged against the least floor any workload shows. A workload's
+/// first pods may all come through a congested network: judged against themselves they
+/// could never show the queue (many small workloads, each with a few pods, would let
+/// the window grow while the queue grows).
+pub const FLOOR_SAMPLES: u32 = 4;
+
 /// One pod's network time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sample {
@@ -114,10 +121,13 @@ enum Phase {
 #[derive(Debug, Clone, Default)]
 struct Floor {
     mins: VecDeque<(Millis, Millis)>,
+    /// Samples seen (saturating): the floor is the workload's own from `FLOOR_SAMPLES` on.
+    samples: u32,
 }
 
 impl Floor {
     fn push(&mut self, at: Millis, latency: Millis, period: Millis) {
+        self.samples = self.samples.saturating_add(1);
         while self.mins.back().is_some_and(|&(_, l)| l >= latency) {
             self.mins.pop_back();
         }
@@ -266,7 +276,12 @@ impl NetworkWindow {
         if !sample.censored {
             floor_entry.push(at, latency, period);
         }
-        let (floor_at, floor) = floor_entry.value().unwrap_or((at, fallback));
+        let (floor_at, floor) = match floor_entry.value() {
+            Some((t, own)) if floor_entry.samples >= FLOOR_SAMPLES => (t, own),
+            // Not established yet: the least floor anyone shows (its own included).
+            Some((t, own)) => (t, own.min(fallback)),
+            None => (at, fallback),
+        };
         self.last_floor = Some(floor);
         if !sample.censored {
             self.delivered.push_back(at);

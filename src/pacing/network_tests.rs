@@ -173,6 +173,19 @@ fn a_step_down_of_the_network_shrinks_the_window_within_30_s() {
 }
 
 #[test]
+fn many_small_workloads_cannot_hide_a_queue() {
+    // Each workload's single pod comes through a congested network (8 s where the
+    // network's floor is 2 s): judged against itself none would show the queue.
+    let mut w = NetworkWindow::new(config(), Some(40));
+    w.observe(&sample("first", 0, 2_000));
+    for i in 0..20u64 {
+        w.observe(&sample(&format!("w{i}"), 1_000 + i * 100, 8_000));
+    }
+    assert_eq!(w.status().last_change, Change::Queue);
+    assert!(w.window() < 40, "window {}", w.window());
+}
+
+#[test]
 fn a_censored_sample_cuts_and_never_grows() {
     let mut w = NetworkWindow::new(config(), Some(50));
     for i in 0..10 {
@@ -195,12 +208,25 @@ fn a_new_leader_starts_from_the_recorded_window_within_the_bounds() {
 #[test]
 fn floors_are_kept_per_workload_and_bounded() {
     let mut w = NetworkWindow::new(config(), None);
-    // A slow-starting workload does not make a fast one look congested.
-    w.observe(&sample("db", 0, 8_000));
+    // A workload with a slower network of its own, once its floor is established, does
+    // not look congested; before that it is judged against the least floor anyone shows.
     w.observe(&sample("web", 0, 2_000));
-    w.observe(&sample("db", 1_000, 8_100));
+    w.observe(&sample("db", 0, 8_000));
+    assert_eq!(
+        w.status().last_change,
+        Change::Queue,
+        "judged against web's 2 s"
+    );
+    for i in 1..FLOOR_SAMPLES as u64 {
+        w.observe(&sample("db", i * 1_000, 8_000 + i));
+    }
+    w.observe(&sample("db", 10_000, 8_100));
     assert_eq!(w.status().floor_ms, Some(8_000));
-    assert_ne!(w.status().last_change, Change::Queue);
+    assert_ne!(
+        w.status().last_change,
+        Change::Queue,
+        "db's own floor is established"
+    );
     for i in 0..(MAX_WORKLOADS as u64 + 10) {
         w.observe(&sample(&format!("w{i}"), 10_000 + i, 2_000));
     }

@@ -208,4 +208,8 @@ impl FairQueue {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
 }

@@ -72,6 +72,17 @@ pub struct SimulateArgs {
     /// deny, retry-after and hold pace deletions; pod creations go behind the gate.
     #[arg(long)]
     pub gate_creates: bool,
+    /// The network: one FIFO CNI wiring bound pods at this rate, 0.5/s, or changing
+    /// over time, 10/s,1/s@60s; --start then runs from network-ready to Ready.
+    #[arg(long)]
+    pub cni_rate: Option<String>,
+    /// With --cni-rate: from wired to network-ready.
+    #[arg(long)]
+    pub cni_base: Option<String>,
+    /// on: the gate and partition rules are adaptive (the shared network window); off:
+    /// fixed (maxNotReady only).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub adaptive: Option<String>,
     /// Leave out the unthrottled StatefulSet.
     #[arg(long)]
     pub no_collateral: bool,
@@ -138,8 +149,13 @@ impl SimulateArgs {
             max_not_ready,
             api_latency,
             seed,
-            releasers
+            releasers,
+            cni_rate,
+            cni_base
         );
+        if let Some(a) = &self.adaptive {
+            f.adaptive = a == "on";
+        }
         if self.pace_creates {
             f.pace_creates = true;
             f.gate_creates = false;
@@ -246,5 +262,13 @@ pub fn describe(sc: &Scenario) -> String {
         sc.events,
         sc.window as f64 / 1000.0,
         sc.ideal_ms() / 1000
-    )
+    ) + &match &sc.cni {
+        Some(cni) => format!(
+            "  network: one FIFO CNI at {}, base {} ms, then start; {} window\n",
+            sc.file.cni_rate,
+            cni.base,
+            if sc.adaptive { "adaptive" } else { "fixed" }
+        ),
+        None => String::new(),
+    }
 }

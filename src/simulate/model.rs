@@ -3,9 +3,11 @@
 //! which is the real `decide_churn` over the real `Limiter` at the simulated `now`.
 
 mod controllers;
+mod network;
 mod releasers;
 mod webhook;
 
+pub use network::{queue_max_from, Fifo};
 use webhook::Admission;
 
 use super::client::{FairQueue, TokenBucket, WorkQueue};
@@ -21,7 +23,7 @@ use crate::admission::decide::decide_churn;
 use crate::admission::{ChurnRequest, Endpoint, Verdict, GATE_NAME};
 use crate::limiter::{Identity, Limiter, Millis};
 use crate::pacing::gate::{
-    longest_window, plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND,
+    longest_window, plan, Cursor, Inputs, NetworkRoom, QueuedPod, MAX_RELEASES_PER_ROUND,
 };
 use crate::pacing::partition::{
     plan_steps, HeldSet, Move, Record, Released, StepInputs, StepWhy, TakenStep,
@@ -74,6 +76,17 @@ struct Pod {
     /// When the last DELETE of this ordinal took effect (StatefulSet pods keep their
     /// index across incarnations).
     deleted_at: Millis,
+    /// When this incarnation was released (by a gate) or started ungated: start latency
+    /// runs from here to Ready.
+    released_at: Millis,
+    /// The network model: when this incarnation was bound (its network time starts).
+    bound_at: Millis,
+    /// Its network is up (the network model), or there is no network model.
+    net_up: bool,
+    /// Released by an adaptive rule and not network-ready: counts in the window.
+    net_pending: bool,
+    /// Its network time was fed to the window (at the bound, or when it came).
+    sampled: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -137,6 +150,8 @@ struct Worker {
     ok: bool,
     /// The gate (index into the gate releasers) the created pod is held behind.
     gate: Option<usize>,
+    /// Admitted at once under an adaptive gate rule.
+    adaptive_at_once: bool,
 }
 
 struct Controller {
@@ -178,6 +193,17 @@ enum Ev {
     },
     GateWake(u16),
     PartitionWake,
+    /// The network model: the pod's network is up.
+    NetReady {
+        pod: u32,
+        generation: u32,
+    },
+    /// The network model: the pod's bound after binding; a censored sample if its
+    /// network is still not up.
+    NetBound {
+        pod: u32,
+        generation: u32,
+    },
 }
 
 struct GateState {
@@ -247,6 +273,13 @@ pub struct RunResult {
     /// Worker time spent sleeping in Retry-After or held by the webhook.
     pub worker_blocked: Millis,
     pub events: u64,
+    /// Throttled pods: release (or ungated start) to Ready.
+    pub start_latency: Vec<Millis>,
+    /// The network model: every pod's (bound, wired) in the CNI, in binding order; the
+    /// CNI queue at t is the pods with bound <= t < wired.
+    pub cni_spans: Vec<(Millis, Millis)>,
+    /// The adaptive window after every change: (time, window).
+    pub window: Vec<(Millis, u32)>,
 }
 
 pub struct Sim<'a> {
@@ -267,6 +300,23 @@ pub struct Sim<'a> {
     collateral_sts: Option<u32>,
     remaining: u64,
     out: RunResult,
+    net: NetState,
+}
+
+/// The network model's state: the CNI's FIFO and the shared window of the adaptive rules.
+#[derive(Default)]
+struct NetState {
+    /// The CNI's queue.
+    fifo: network::Fifo,
+    /// The shared window (adaptive runs only).
+    window: Option<crate::pacing::network::NetworkWindow>,
+    /// Released pods of adaptive rules whose network is not up.
+    in_flight: u32,
+    /// The policy the webhook decides by while the window is full: the adaptive gate
+    /// rules gate-only (None: no adaptive gate rule).
+    gate_only: Option<Policy>,
+    /// The write being applied was admitted at once under an adaptive gate rule.
+    applying_at_once: bool,
 }
 
 const UNLABELLED_NAMESPACE: &str = "unthrottled";
@@ -368,6 +418,11 @@ impl Pod {
             step_pending: false,
             created_at: 0,
             deleted_at: 0,
+            released_at: 0,
+            bound_at: 0,
+            net_up: true,
+            net_pending: false,
+            sampled: false,
         }
     }
 }
@@ -390,6 +445,7 @@ impl Controller {
                     slot: None,
                     ok: false,
                     gate: None,
+                    adaptive_at_once: false,
                 })
                 .collect(),
             idle: (0..workers as u16).rev().collect(),
@@ -443,6 +499,26 @@ impl<'a> Sim<'a> {
                 blocked_on_ready: false,
                 next_wake: None,
             });
+        let window = policy
+            .network
+            .filter(|_| sc.cni.is_some())
+            .map(|config| crate::pacing::network::NetworkWindow::new(config, None));
+        let gate_only = window.as_ref().and_then(|_| {
+            let mut p = policy.clone();
+            let mut any = false;
+            for r in p.rules.iter_mut() {
+                if r.action == Action::Gate && r.adaptive {
+                    r.gate_only = true;
+                    any = true;
+                }
+            }
+            any.then_some(p)
+        });
+        let net = NetState {
+            window,
+            gate_only,
+            ..NetState::default()
+        };
         let remaining = sc.statefulsets as u64 + sc.deployments as u64;
         let out = RunResult {
             action: Some(action),
@@ -467,6 +543,7 @@ impl<'a> Sim<'a> {
             collateral_sts,
             remaining,
             out,
+            net,
         })
     }
 
@@ -569,6 +646,8 @@ impl<'a> Sim<'a> {
                 }
                 self.run_partition();
             }
+            Ev::NetReady { pod, generation } => self.net_ready(pod, generation),
+            Ev::NetBound { pod, generation } => self.net_bound(pod, generation),
         }
     }
 
@@ -656,6 +735,7 @@ impl<'a> Sim<'a> {
             return;
         }
         p.phase = Phase::Ready;
+        let started = now.saturating_sub(p.released_at);
         let down = p.down_since.take();
         let gate = p.gate_pending.take();
         let step = std::mem::take(&mut p.step_pending);
@@ -670,6 +750,9 @@ impl<'a> Sim<'a> {
         match owner {
             Owner::Sts(s) => {
                 let throttled = self.sets[s as usize].throttled;
+                if throttled {
+                    self.out.start_latency.push(started);
+                }
                 if let (Some(down), true) = (down, throttled) {
                     self.out.outages.push(now - down);
                 }
@@ -678,7 +761,10 @@ impl<'a> Sim<'a> {
                 }
                 self.check_sts_done(s);
             }
-            Owner::Dep(d) => self.check_dep_done(d),
+            Owner::Dep(d) => {
+                self.out.start_latency.push(started);
+                self.check_dep_done(d);
+            }
         }
         self.enqueue_owner(pod);
     }

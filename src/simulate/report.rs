@@ -63,7 +63,17 @@ pub struct Row {
     pub converged: u64,
     pub workloads: u64,
     pub events: u64,
+    /// Throttled pods, release (or ungated start) to Ready.
+    pub start_p50_s: Option<f64>,
+    pub start_p99_s: Option<f64>,
+    /// The deepest CNI queue (bound, not yet wired; None without the network model).
+    pub cni_queue_max: Option<u32>,
+    /// With a CNI rate that changes: the deepest queue from 30 s after the last change on.
+    pub cni_queue_max_after_step: Option<u32>,
 }
+
+/// How long after a change of the CNI's rate the queue may take to settle.
+pub const SETTLE_AFTER_STEP: Millis = 30_000;
 
 pub fn row(sc: &Scenario, r: &RunResult) -> Row {
     let action = r.action.unwrap_or(SimAction::None);
@@ -101,6 +111,19 @@ pub fn row(sc: &Scenario, r: &RunResult) -> Row {
         converged: r.converged,
         workloads: r.workloads,
         events: r.events,
+        start_p50_s: percentile(&r.start_latency, 50.0).map(secs),
+        start_p99_s: percentile(&r.start_latency, 99.0).map(secs),
+        cni_queue_max: sc
+            .cni
+            .is_some()
+            .then(|| crate::simulate::model::queue_max_from(&r.cni_spans, 0)),
+        cni_queue_max_after_step: sc
+            .cni
+            .as_ref()
+            .and_then(|c| c.rates.last().filter(|_| c.rates.len() > 1))
+            .map(|&(step, _)| {
+                crate::simulate::model::queue_max_from(&r.cni_spans, step + SETTLE_AFTER_STEP)
+            }),
     }
 }
 
@@ -116,16 +139,16 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| action | makespan s | × ideal | peak paced/{w} | peak paced/1s | peak charged/{w} | peak deletions/{w} (/1s) | peak starts/{w} (/1s) | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged |"
+        "| action | makespan s | × ideal | peak paced/{w} | peak paced/1s | peak charged/{w} | peak deletions/{w} (/1s) | peak starts/{w} (/1s) | outage p50 s | outage p99 s | collateral s | refused | retries | errors | worker-blocked s | converged | start p50 s | start p99 s | CNI queue max |"
     );
     let _ = writeln!(
         out,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} ({}) | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} |",
+            "| {} | {} | {} | {} ({}) | {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {:.0} | {}/{} | {} | {} | {} |",
             r.action.as_str(),
             opt(r.makespan_s, 0),
             opt(r.vs_ideal, 2),
@@ -149,7 +172,10 @@ pub fn table(sc: &Scenario, rows: &[Row]) -> String {
             r.errors,
             r.worker_blocked_s,
             r.converged,
-            r.workloads
+            r.workloads,
+            opt(r.start_p50_s, 1),
+            opt(r.start_p99_s, 1),
+            r.cni_queue_max.map_or("-".into(), |q| q.to_string())
         );
     }
     out
@@ -159,13 +185,13 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
     let mut out = String::from(
         "scenario,action,makespan_s,ideal_s,vs_ideal,peak_paced,paced_event,peak_charged,peak_deletions,peak_starts,window_s,\
          outage_p50_s,outage_p99_s,collateral_s,refused,retries,errors,worker_blocked_s,holds,gated,converged,workloads,events,\
-         peak_paced_1s,peak_deletions_1s,peak_starts_1s\n",
+         peak_paced_1s,peak_deletions_1s,peak_starts_1s,start_p50_s,start_p99_s,cni_queue_max,cni_queue_max_after_step\n",
     );
     let o = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for r in rows {
         let _ = writeln!(
             out,
-            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{}",
+            "{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{},{}",
             sc.file.name,
             r.action.as_str(),
             o(r.makespan_s),
@@ -191,7 +217,13 @@ pub fn csv(sc: &Scenario, rows: &[Row]) -> String {
             r.events,
             r.peak_paced_1s,
             r.peak_deletions_1s,
-            r.peak_starts_1s
+            r.peak_starts_1s,
+            o(r.start_p50_s),
+            o(r.start_p99_s),
+            r.cni_queue_max.map(|q| q.to_string()).unwrap_or_default(),
+            r.cni_queue_max_after_step
+                .map(|q| q.to_string())
+                .unwrap_or_default()
         );
     }
     out

@@ -200,6 +200,15 @@ pub struct ScenarioFile {
     pub horizon: String,
     /// Policy YAML per action name, replacing the generated one.
     pub policies: BTreeMap<String, String>,
+    /// The network: one FIFO CNI wiring bound pods one after another at this many pods
+    /// per second, "0.5/s", or changing over time, "10/s,1/s@60s"; empty: no network
+    /// model (a pod's `start` runs from its binding).
+    pub cni_rate: String,
+    /// With `cniRate`: from wired to network-ready (then `start` runs to Ready).
+    pub cni_base: String,
+    /// The gate and partition rules are adaptive: they share the network window fed by
+    /// the pods' network-ready times (needs `cniRate` and `maxNotReady`).
+    pub adaptive: bool,
 }
 
 impl Default for ScenarioFile {
@@ -242,6 +251,9 @@ impl Default for ScenarioFile {
             releasers: "model".into(),
             horizon: "0s".into(),
             policies: BTreeMap::new(),
+            cni_rate: String::new(),
+            cni_base: "2s".into(),
+            adaptive: false,
         }
     }
 }
@@ -352,6 +364,20 @@ impl ScenarioFile {
         for key in self.policies.keys() {
             SimAction::parse(key).map_err(|e| format!("policies: {e}"))?;
         }
+        let cni = if self.cni_rate.trim().is_empty() {
+            if self.adaptive {
+                return Err("adaptive needs a network model: give cniRate".into());
+            }
+            None
+        } else {
+            Some(Cni {
+                rates: parse_cni_rate(&self.cni_rate)?,
+                base: ms("cniBase", &self.cni_base)?,
+            })
+        };
+        if self.adaptive && self.max_not_ready == 0 {
+            return Err("adaptive needs maxNotReady (the outer cap on pods not Ready)".into());
+        }
         let sc = Scenario {
             file: self.clone(),
             statefulsets: self.statefulsets,
@@ -386,6 +412,8 @@ impl ScenarioFile {
             collateral_at: ms("collateralAt", &self.collateral_at)?,
             actions,
             real_releasers,
+            cni,
+            adaptive: self.adaptive,
             horizon: ms("horizon", &self.horizon)?,
             seed: self.seed,
         };
@@ -415,6 +443,64 @@ pub fn parse_limit(text: &str) -> Result<(u32, Millis), String> {
         ));
     }
     Ok((events, window))
+}
+
+/// "10/s,1/s@60s" -> [(0, 10.0), (60 000, 1.0)]: pods per second from each time on.
+pub fn parse_cni_rate(text: &str) -> Result<Vec<(Millis, f64)>, String> {
+    let mut rates: Vec<(Millis, f64)> = Vec::new();
+    for part in text.split(',') {
+        let (rate, from) = match part.split_once('@') {
+            Some((rate, at)) => (
+                rate,
+                parse_duration(at.trim())
+                    .map_err(|e| format!("cniRate {text:?}: {e}"))?
+                    .as_millis() as Millis,
+            ),
+            None => (part, 0),
+        };
+        let per_s: f64 = rate
+            .trim()
+            .strip_suffix("/s")
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| format!("cniRate {text:?}: write pods/s, e.g. 0.5/s or 10/s,1/s@60s"))?;
+        if !(per_s > 0.0 && per_s <= 100_000.0) {
+            return Err(format!(
+                "cniRate {text:?}: a rate is above 0 and at most 100000/s"
+            ));
+        }
+        if rates.last().is_some_and(|&(t, _)| t >= from) || (rates.is_empty() && from != 0) {
+            return Err(format!(
+                "cniRate {text:?}: the first rate holds from 0, each later one from a later @time"
+            ));
+        }
+        rates.push((from, per_s));
+    }
+    Ok(rates)
+}
+
+/// The modelled network: one FIFO CNI.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cni {
+    /// Pods wired per second, from each time on (the first from 0).
+    pub rates: Vec<(Millis, f64)>,
+    /// From wired to network-ready.
+    pub base: Millis,
+}
+
+impl Cni {
+    /// Pods per second at `at`.
+    pub fn rate_at(&self, at: Millis) -> f64 {
+        self.rates
+            .iter()
+            .rev()
+            .find(|&&(from, _)| from <= at)
+            .map_or(1.0, |&(_, r)| r)
+    }
+
+    /// When a pod whose wiring begins at `at` is wired (the rate when it begins).
+    pub fn wired(&self, at: Millis) -> Millis {
+        at + (1000.0 / self.rate_at(at)).round().max(1.0) as Millis
+    }
 }
 
 /// A checked scenario, times in milliseconds.
@@ -452,6 +538,9 @@ pub struct Scenario {
     pub collateral_at: Millis,
     pub actions: Vec<SimAction>,
     pub real_releasers: bool,
+    /// None: no network model.
+    pub cni: Option<Cni>,
+    pub adaptive: bool,
     pub horizon: Millis,
     pub seed: u64,
 }
@@ -500,11 +589,14 @@ impl Scenario {
                 .map(|b| format!(", burst: {b}"))
                 .unwrap_or_default()
         );
-        let max_not_ready = if self.max_not_ready > 0 {
+        let mut max_not_ready = if self.max_not_ready > 0 {
             format!("\n    maxNotReady: {}", self.max_not_ready)
         } else {
             String::new()
         };
+        if self.adaptive {
+            max_not_ready += "\n    adaptive: true";
+        }
         let deletes = |action: &str, extra: &str| {
             format!(
                 "  - name: controller-deletes\n    match:\n      resources: [pods]\n      operations: [DELETE]\n      \
@@ -544,6 +636,13 @@ impl Scenario {
                     d(self.max_hold),
                     d(self.max_retry_after)
                 ),
+            ),
+            // With the network modelled, the built-in policy's two gate rules, which
+            // share the one network window when adaptive.
+            SimAction::Gate if self.cni.is_some() => format!(
+                "{}{}",
+                creates("statefulset-creates", "StatefulSet"),
+                creates("controller-creates", "ReplicaSet")
             ),
             SimAction::Gate => creates("controller-creates", "StatefulSet, ReplicaSet"),
             // The built-in policy's shapes: steps paced by the partition rule, the

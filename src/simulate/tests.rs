@@ -2,7 +2,7 @@
 //! whose invariants hold for every action. No test looks at the wall clock.
 
 use super::client::{item_backoff, FairQueue, TokenBucket, WorkQueue};
-use super::report::{peak_in_window, per_window, percentile};
+use super::report::{self, peak_in_window, per_window, percentile};
 use super::requests::Phase;
 use super::requests::{
     pod_create_request, pod_delete_request, statefulset_next, statefulset_update_request,
@@ -804,5 +804,130 @@ fn scenario_files_and_presets() {
     ];
     for (what, f) in bad {
         assert!(f.build().is_err(), "{what} should be rejected");
+    }
+}
+
+/// The network scenario of docs/adaptive.md, smaller: StatefulSets behind
+/// statefulset-creates and Deployments behind controller-creates, one CNI of C pods/s.
+fn network(actions: &[&str], cni_rate: &str, adaptive: bool) -> ScenarioFile {
+    ScenarioFile {
+        name: "network".into(),
+        statefulsets: 40,
+        replicas: 2,
+        namespaces: 40,
+        deployments: 8,
+        deployment_replicas: 5,
+        max_surge: 5,
+        terminate: "10s".into(),
+        start: "0s".into(),
+        limit: "20/10s".into(),
+        max_not_ready: 200,
+        collateral: false,
+        cni_rate: cni_rate.into(),
+        cni_base: "2s".into(),
+        adaptive,
+        actions: actions.iter().map(|a| a.to_string()).collect(),
+        ..ScenarioFile::default()
+    }
+}
+
+fn queue_max(sc: &ScenarioFile, r: &RunResult) -> u32 {
+    let sc = sc.build().expect("scenario");
+    report::row(&sc, r).cni_queue_max.expect("network modelled")
+}
+
+#[test]
+fn adaptive_window_keeps_the_cni_queue_short_where_the_fixed_one_does_not() {
+    // 2 Deployments x 50 behind controller-creates at 2 pods/s, a CNI of 0.5 pods/s:
+    // with maxNotReady alone the CNI's queue grows to tens; the window holds it within
+    // max(5, 2 s x C) = 5. (Few workloads: each keeps its own floor, see docs/adaptive.md
+    // on many small workloads.)
+    for releasers in ["model", "real"] {
+        for adaptive in [false, true] {
+            let file = ScenarioFile {
+                releasers: releasers.into(),
+                statefulsets: 0,
+                deployments: 2,
+                deployment_replicas: 50,
+                max_surge: 50,
+                namespaces: 2,
+                ..network(&["gate"], "0.5/s", adaptive)
+            };
+            for r in run(&file) {
+                let q = queue_max(&file, &r);
+                let action = r.action;
+                assert_eq!(r.converged, r.workloads, "{releasers} {action:?} converges");
+                if adaptive {
+                    assert!(q <= 5, "{releasers} {action:?} adaptive: CNI queue {q}");
+                } else {
+                    assert!(q > 20, "{releasers} {action:?} fixed: CNI queue only {q}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn network_runs_are_deterministic_and_flags_off_change_nothing() {
+    let file = network(&["gate", "partition"], "10/s,1/s@60s", true);
+    let a = run(&file);
+    let b = run(&file);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.makespan, y.makespan);
+        assert_eq!(x.start_latency, y.start_latency);
+        assert_eq!(x.cni_spans, y.cni_spans);
+        assert_eq!(x.window, y.window);
+        assert_eq!(x.events, y.events);
+        assert!(!x.window.is_empty(), "the window moved");
+    }
+    // Without a network model the same scenario runs as before: no CNI, start from
+    // the binding.
+    let plain = run(&ScenarioFile {
+        cni_rate: String::new(),
+        adaptive: false,
+        ..file
+    });
+    for r in &plain {
+        assert!(r.cni_spans.is_empty() && r.window.is_empty());
+        assert_eq!(r.converged, r.workloads);
+    }
+}
+
+#[test]
+fn adaptive_needs_a_network_and_max_not_ready() {
+    let no_cni = ScenarioFile {
+        cni_rate: String::new(),
+        ..network(&["gate"], "1/s", true)
+    };
+    assert!(no_cni.build().is_err());
+    let no_cap = ScenarioFile {
+        max_not_ready: 0,
+        ..network(&["gate"], "1/s", true)
+    };
+    assert!(no_cap.build().is_err());
+}
+
+#[test]
+fn model_partition_steps_are_spaced_as_the_real_plan_spaces_them() {
+    // 20 per 10 s with the policy's burst of 1: a step every 0.5 s, never 20 in a second.
+    for releasers in ["model", "real"] {
+        let file = ScenarioFile {
+            releasers: releasers.into(),
+            limit: "20/10s".into(),
+            ..small(&["partition"])
+        };
+        let sc = file.build().expect("scenario");
+        let r = &run(&file)[0];
+        let row = report::row(&sc, r);
+        assert!(
+            row.peak_paced_1s <= 3,
+            "{releasers}: {} steps in one second",
+            row.peak_paced_1s
+        );
+        assert!(
+            row.peak_paced <= 20,
+            "{releasers}: {} in 10 s",
+            row.peak_paced
+        );
     }
 }

@@ -224,9 +224,14 @@ impl<'a> Sim<'a> {
         };
         let worker = &mut self.ctrls[ctrl as usize].workers[w as usize];
         match admission {
-            Admission::Allowed { at, .. } => {
+            Admission::Allowed {
+                at,
+                adaptive_at_once,
+                ..
+            } => {
                 worker.ok = true;
                 worker.gate = gate;
+                worker.adaptive_at_once = adaptive_at_once;
                 self.out.worker_blocked += at - now;
                 self.at(at + latency, Ev::Complete { ctrl, worker: w });
             }
@@ -259,7 +264,9 @@ impl<'a> Sim<'a> {
         let worker = self.ctrls[ctrl as usize].workers[w as usize].clone();
         if worker.ok {
             if let Some(req) = worker.req {
+                self.net.applying_at_once = worker.adaptive_at_once;
                 self.apply(req, worker.gate);
+                self.net.applying_at_once = false;
             }
         }
         let c = &mut self.ctrls[ctrl as usize];
@@ -348,6 +355,11 @@ impl<'a> Sim<'a> {
                     step_pending: false,
                     created_at: now,
                     deleted_at: 0,
+                    released_at: now,
+                    bound_at: now,
+                    net_up: true,
+                    net_pending: false,
+                    sampled: false,
                 });
                 self.created(p, gate);
             }
@@ -370,19 +382,33 @@ impl<'a> Sim<'a> {
                 }
                 self.wake_gate(g, self.now);
             }
-            None => self.start(p),
+            None => {
+                if self.net.applying_at_once {
+                    self.admitted_at_once(p);
+                }
+                self.start(p)
+            }
         }
         self.enqueue_owner(p);
     }
 
-    /// The pod is scheduled: the kubelet makes it Ready after the start delay.
+    /// The pod is scheduled: the kubelet makes it Ready after the start delay (with the
+    /// network model: after the CNI has wired it, the base network time, then the start
+    /// delay).
     pub(super) fn start(&mut self, p: u32) {
         let now = self.now;
         let pod = &mut self.pods[p as usize];
         pod.phase = Phase::Starting;
+        if pod.gate_pending.is_none() {
+            pod.released_at = now;
+        }
         let generation = pod.generation;
         if self.throttled_pod(p) {
             self.out.starts.push(now);
+        }
+        if self.sc.cni.is_some() {
+            self.bind(p);
+            return;
         }
         let ready = now + self.delay(p, generation, 2, self.sc.start);
         self.at(ready, Ev::PodReady { pod: p, generation });

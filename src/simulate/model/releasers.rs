@@ -2,6 +2,7 @@
 //! incremental ones or the releaser's real pure plans (`--releasers real`).
 
 use super::*;
+use crate::limiter::spaced_after;
 
 impl<'a> Sim<'a> {
     pub(super) fn wake_gate(&mut self, g: usize, at: Millis) {
@@ -33,6 +34,11 @@ impl<'a> Sim<'a> {
                 state.blocked_on_ready = true;
                 return;
             }
+            // The shared network window: the next pod whose network comes up wakes it.
+            if rule.adaptive && self.network_room().is_some_and(|n| n.full()) {
+                return;
+            }
+            let state = &mut self.gates[g];
             let mut earliest = Millis::MAX;
             let mut chosen = None;
             for _ in 0..state.queue.namespaces() {
@@ -77,6 +83,7 @@ impl<'a> Sim<'a> {
             let state = &mut self.gates[g];
             state.queue.pop();
             state.not_ready += 1;
+            self.released(p, g);
             let pod = &mut self.pods[p as usize];
             pod.gate_pending = Some(g);
             let generation = pod.generation;
@@ -190,6 +197,16 @@ impl<'a> Sim<'a> {
                 state.blocked_on_ready = true;
                 return;
             }
+            // The shared network window must have room for the step's replacement; the
+            // next pod whose network comes up wakes the releaser.
+            if self.partition_room().is_some_and(|room| room == 0) {
+                return;
+            }
+            let Some(state) = self.partition.as_mut() else {
+                return;
+            };
+            let horizon = longest_window(&self.policy);
+            state.taken.retain(|t| t.at + horizon > now);
             let mut earliest = Millis::MAX;
             let mut chosen = None;
             for _ in 0..state.queue.namespaces() {
@@ -204,7 +221,15 @@ impl<'a> Sim<'a> {
                 } else {
                     state.in_flight.get(&ns).copied().unwrap_or(0)
                 };
-                if rule.limits.iter().any(|l| flying >= l.events) {
+                // As the real plan (pacing/partition_windows.rs): a spaced limit keeps
+                // at most `burst` steps whose old pod is not deleted yet, and steps are
+                // spaced by their decision times.
+                let over_burst = |l: &crate::policy::Limit| l.burst < l.events && flying >= l.burst;
+                if rule
+                    .limits
+                    .iter()
+                    .any(|l| flying >= l.events || over_burst(l))
+                {
                     // Full of steps in flight: the next re-creation wakes the releaser.
                     if global {
                         break;
@@ -214,14 +239,34 @@ impl<'a> Sim<'a> {
                     }
                     continue;
                 }
-                let at = self.limiter.earliest(
-                    &rule.name,
-                    &rule.limits,
-                    &self.namespaces[ns as usize],
-                    Some(&self.sets[s as usize].uid),
-                    flying + 1,
-                    now,
-                );
+                let namespace = &self.namespaces[ns as usize];
+                let spaced = rule
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        let window = l.kept_window_ms();
+                        let times: Vec<Millis> = state
+                            .taken
+                            .iter()
+                            .filter(|t| l.scope == Scope::Global || &t.namespace == namespace)
+                            .map(|t| t.at)
+                            .filter(|&t| t + window > now)
+                            .collect();
+                        spaced_after(l, &times, now)
+                    })
+                    .max()
+                    .unwrap_or(now);
+                let at = self
+                    .limiter
+                    .earliest(
+                        &rule.name,
+                        &rule.limits,
+                        namespace,
+                        Some(&self.sets[s as usize].uid),
+                        flying + 1,
+                        now,
+                    )
+                    .max(spaced);
                 if at <= now {
                     chosen = Some((ns, s));
                     break;
@@ -240,8 +285,14 @@ impl<'a> Sim<'a> {
                 }
                 return;
             };
+            let namespace = self.namespaces[ns as usize].clone();
             if let Some(state) = self.partition.as_mut() {
                 state.queue.pop();
+                state.taken.push(TakenStep {
+                    rule: rule.name.clone(),
+                    namespace,
+                    at: now,
+                });
             }
             self.step(ns, s);
         }
@@ -340,7 +391,7 @@ impl<'a> Sim<'a> {
                 policy: &self.policy,
                 now,
                 max_releases: MAX_RELEASES_PER_ROUND,
-                network: None,
+                network: self.network_room(),
             },
             &mut self.limiter,
             &mut cursor,
@@ -352,6 +403,7 @@ impl<'a> Sim<'a> {
             let p = self.gates[g].real_queue[r.index];
             self.charged(&Some(rule.clone()), now);
             self.gates[g].not_ready += 1;
+            self.released(p, g);
             let pod = &mut self.pods[p as usize];
             pod.gate_pending = Some(g);
             let generation = pod.generation;
@@ -447,7 +499,9 @@ impl<'a> Sim<'a> {
             policy: &self.policy,
             now,
             max_moves: MAX_RELEASES_PER_ROUND,
-            network_room: None,
+            // An adaptive rule steps a set only with room for its replacement, as the
+            // real partition releaser does.
+            network_room: self.partition_room(),
         });
         if let Some(state) = self.partition.as_mut() {
             let mut index = 0;

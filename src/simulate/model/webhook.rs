@@ -18,16 +18,25 @@ impl<'a> Sim<'a> {
                 at: self.now,
                 gated: None,
                 partition: None,
+                adaptive_at_once: false,
             };
         }
         let now = self.now;
-        let mutate = decide_churn(
-            churn,
-            Endpoint::Mutate,
-            &self.policy,
-            &mut self.limiter,
-            now,
-        );
+        // The webhook gates the pods of adaptive rules (instead of admitting them at once)
+        // while the network window is full: the policy with those rules gate-only.
+        let full = self.net.gate_only.is_some() && self.network_full();
+        let policy = match (&self.net.gate_only, full) {
+            (Some(gate_only), true) => gate_only,
+            _ => &self.policy,
+        };
+        let mutate = decide_churn(churn, Endpoint::Mutate, policy, &mut self.limiter, now);
+        let adaptive_at_once = matches!(mutate.verdict, Verdict::Admitted)
+            && mutate.rule.as_ref().is_some_and(|name| {
+                self.policy
+                    .rules
+                    .iter()
+                    .any(|r| r.name == *name && r.action == Action::Gate && r.adaptive)
+            });
         let mut gated = None;
         let mut partition = None;
         match mutate.verdict {
@@ -84,6 +93,7 @@ impl<'a> Sim<'a> {
             at,
             gated,
             partition,
+            adaptive_at_once,
         }
     }
 
@@ -120,6 +130,9 @@ pub(super) enum Admission {
         at: Millis,
         gated: Option<Arc<str>>,
         partition: Option<(u32, u32)>,
+        /// A pod admitted at once under an adaptive gate rule: released now, it waits
+        /// for its network in the window.
+        adaptive_at_once: bool,
     },
     RetryAfter {
         seconds: u32,
