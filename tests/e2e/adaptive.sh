@@ -21,7 +21,7 @@
 #     queue <= max(5, 2 s x C), no failed ADD, makespan (the change -> the last
 #     PodReadyToStartContainers) <= 1.15 x (pods / min(C, 2) + 2 s + 1/C). The fixed
 #     rows are printed beside them, not checked (they show what the loop removes).
-# Last line: "adaptive: N passed, M failed". About 8 minutes at the CI sizes.
+# Last line: "adaptive: N passed, M failed". About 9 minutes (534 s) at the CI sizes.
 #
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN, ADAPTIVE_E2E_KEEP=1,
 # ADAPTIVE_E2E_TIMEOUT (s per wait, default 300), ADAPTIVE_E2E_FULL=1 (C = 0.5, 2, 20
