@@ -175,6 +175,13 @@ scenario() {
   [[ "$kind" == sts ]] && wait_for "$ns: $n deleted backends programmed" stale_at_least "$ns" "$n"
   t1=$(now_ms)
   stop_cni "$ns"
+  # The emulator's /metrics, as a Prometheus query would read it, agrees with its records.
+  local wired
+  wired=$(awk '$1 ~ /^cilium_api_limiter_processed_requests_total\{.*outcome="success"/ {print $2}' "$W/cni-$ns.metrics")
+  [[ "${wired:-0}" -ge "$n" ]] && grep -q '^cilium_api_limiter_requests_in_flight{api_call="endpoint-create",value="in-flight"} ' "$W/cni-$ns.metrics" \
+    && grep -q '^cilium_api_limiter_wait_duration_seconds{api_call="endpoint-create",value="mean"} ' "$W/cni-$ns.metrics" \
+    && ok "$ns: the emulator's /metrics counts $wired endpoint-create successes (>= $n pods)" \
+    || bad "$ns: the emulator's /metrics: ${wired:-no} endpoint-create successes for $n pods"
   local after=0
   [[ "$c" == *@* ]] && after=$(( ${c##*@} + 30 ))
   r=$(python3 "$here/cni_emulator.py" report --records "$W/cni-$ns.jsonl" --t0 "$t0" --after "$after")
