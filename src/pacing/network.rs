@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 
 /// Pods above the bandwidth-delay product: one being wired and one waiting keep the
 /// network busy without a queue that grows.
-pub const HEADROOM: f64 = 2.0;
+pub const HEADROOM: f64 = 1.0;
 
 /// While no queue shows, the window probes this far above the bandwidth-delay product.
 pub const PROBE_GAIN: f64 = 1.25;
@@ -234,16 +234,21 @@ impl NetworkWindow {
     }
 
     /// Pods network-ready per second over the last span (at least `RATE_SPAN_MIN_MS`
-    /// and four floors), ending at the latest sample.
+    /// and four floors), ending at the latest sample: the intervals between the samples
+    /// in it (n samples span n - 1 intervals; counting n would overstate a slow rate by
+    /// half with three samples), one sample per floor while there is only one.
     fn rate_per_s(&self, floor: Millis) -> f64 {
         let span = RATE_SPAN_MIN_MS.max(floor.saturating_mul(4));
         let from = self.clock.saturating_sub(span);
-        let n = self.delivered.iter().filter(|&&t| t > from).count();
-        // Over the part of the span the samples cover, so the first seconds are not diluted.
-        let covered = self.delivered.front().map_or(span, |&first| {
-            self.clock.saturating_sub(first).clamp(1, span)
-        });
-        n as f64 * 1000.0 / covered.max(floor.max(1)) as f64
+        let mut inside = self.delivered.iter().filter(|&&t| t > from);
+        let Some(&first) = inside.next() else {
+            return 0.0;
+        };
+        let n = 1 + inside.count();
+        if n == 1 {
+            return 1000.0 / floor.max(1) as f64;
+        }
+        (n - 1) as f64 * 1000.0 / self.clock.saturating_sub(first).max(1) as f64
     }
 
     fn p90(&self) -> Option<Millis> {

@@ -639,7 +639,7 @@ mod tests {
         let builtin = Policy::builtin();
         assert!(builtin
             .network
-            .is_some_and(|n| n.min_window == 4 && n.max_window == 200));
+            .is_some_and(|n| n.min_window == 2 && n.max_window == 200));
     }
 
     #[test]

@@ -134,7 +134,7 @@ pub struct NetworkConfig {
 impl Default for NetworkConfig {
     fn default() -> NetworkConfig {
         NetworkConfig {
-            min_window: 4,
+            min_window: 2,
             max_window: 200,
             bound_ms: 60_000,
             floor_period_ms: 600_000,
