@@ -1208,3 +1208,24 @@ async fn an_idle_flood_is_evicted_and_reviews_keep_being_answered() {
     assert_eq!(closed, 10, "the ten oldest flood connections are closed");
     h.stop().await;
 }
+
+/// The built-in policy's gate rules are adaptive; with no releaser in the process nobody
+/// here measures the network window, so they pace by their rates alone: a pod that fits
+/// is admitted at once (marked released), not gated for a window no one sizes.
+#[tokio::test]
+async fn without_a_releaser_the_adaptive_rules_pace_by_their_rates() {
+    use base64::Engine as _;
+    let mut h = Harness::start_with(|a| a.policy_file = None).await;
+    let response = h.review("/mutate", "pod-create-replicaset").await;
+    assert_eq!(response["allowed"], json!(true), "{response}");
+    let text = response["patch"].as_str().unwrap_or_default();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap_or_else(|e| panic!("patch is not base64 ({e}): {text}"));
+    let patch = String::from_utf8_lossy(&bytes);
+    assert!(
+        patch.contains("released") && !patch.contains("schedulingGates"),
+        "admitted at once and marked released, not gated: {patch}"
+    );
+    h.stop().await;
+}

@@ -309,6 +309,15 @@ impl Policy {
             .find(|r| r.matches(request))
     }
 
+    /// The policy without its network window: the adaptive rules keep their rates and
+    /// caps, and nothing waits for a window (where no releaser measures one).
+    pub fn drop_network_window(&mut self) {
+        self.network = None;
+        for rule in &mut self.rules {
+            rule.adaptive = false;
+        }
+    }
+
     /// The built-in policy used when no file is given.
     pub fn builtin() -> Policy {
         // The embedded file is validated by a unit test, so this cannot fail at run time.

@@ -164,17 +164,25 @@ impl AppState {
     pub fn decision_policy(&self) -> Arc<Policy> {
         let policy = self.policy();
         let share = self.share();
-        if share == Share::Whole {
+        let role = self.gate_role();
+        // Without a releaser in this process nobody here sizes the network window: the
+        // adaptive rules pace by their rates alone, as the rest, rather than gate every
+        // pod for a window no one measures.
+        let unwindowed = role == GateRole::NoReleaser && policy.network.is_some();
+        if share == Share::Whole && !unwindowed {
             return policy;
         }
-        let role = self.gate_role();
         let mut cache = lock(&self.scaled);
         if let Some(c) = cache.as_ref() {
             if Arc::ptr_eq(&c.source, &policy) && c.share == share && c.role == role {
                 return c.policy.clone();
             }
         }
-        let scaled = Arc::new(scale_policy(&policy, share, role));
+        let mut scaled = scale_policy(&policy, share, role);
+        if unwindowed {
+            scaled.drop_network_window();
+        }
+        let scaled = Arc::new(scaled);
         *cache = Some(Scaled {
             source: policy,
             share,
