@@ -283,10 +283,10 @@ pub struct GateMetrics {
     pub network_in_flight: IntGauge,
     /// releaser: the policy's minWindow, for the alert on a window pinned there
     pub network_min_window: IntGauge,
-    /// releaser: the last sample's workload floor, in milliseconds
-    pub network_floor_ms: IntGauge,
-    /// releaser: the recent samples' 90th percentile network time, in milliseconds
-    pub network_p90_ms: IntGauge,
+    /// releaser: the last sample's workload floor, in seconds
+    pub network_floor_seconds: prometheus::Gauge,
+    /// releaser: the recent samples' 90th percentile network time, in seconds
+    pub network_p90_seconds: prometheus::Gauge,
     /// releaser: the reason of the last change of the window (one series set to 1)
     pub network_last_change: IntGaugeVec,
     /// releaser: network samples by outcome (sample, censored, deleted-first)
@@ -354,14 +354,14 @@ impl GateMetrics {
                 "churn_throttler_network_min_window_pods",
                 "The policy's minWindow of the network window.",
             ),
-            network_floor_ms: gauge(
+            network_floor_seconds: float_gauge(
                 registry,
-                "churn_throttler_network_floor_milliseconds",
+                "churn_throttler_network_floor_seconds",
                 "The unloaded network time (floor) of the last sample's workload.",
             ),
-            network_p90_ms: gauge(
+            network_p90_seconds: float_gauge(
                 registry,
-                "churn_throttler_network_p90_milliseconds",
+                "churn_throttler_network_p90_seconds",
                 "The 90th percentile of the recent pods' network time (binding to PodReadyToStartContainers).",
             ),
             network_last_change: gauge_vec(
@@ -509,6 +509,12 @@ fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> In
         .unwrap_or_else(|e| panic!("metric {name}: {e}"));
     register(registry, Box::new(metric.clone()));
     metric
+}
+
+fn float_gauge(registry: &Registry, name: &str, help: &str) -> prometheus::Gauge {
+    let g = prometheus::Gauge::new(name, help).unwrap_or_else(|e| panic!("gauge: {e}"));
+    register(registry, Box::new(g.clone()));
+    g
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {

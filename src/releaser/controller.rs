@@ -659,11 +659,11 @@ impl Releaser {
         metrics.network_min_window.set(i64::from(config.min_window));
         metrics.network_in_flight.set(i64::from(observed.in_flight));
         metrics
-            .network_floor_ms
-            .set(status.floor_ms.map_or(0, |f| f as i64));
+            .network_floor_seconds
+            .set(status.floor_ms.map_or(0.0, |f| f as f64 / 1000.0));
         metrics
-            .network_p90_ms
-            .set(status.p90_ms.map_or(0, |f| f as i64));
+            .network_p90_seconds
+            .set(status.p90_ms.map_or(0.0, |f| f as f64 / 1000.0));
         for change in Change::ALL {
             metrics
                 .network_last_change
