@@ -463,7 +463,7 @@ def step_effects(args, evs):
     reqs = audit_requests(args.audit, args.t0, t_end, args.ns_prefix)
     is_patch = lambda r: (r["verb"] == "patch" and r["resource"] == "statefulsets" and r["code"] == 200
                           and r["user"].startswith("system:serviceaccount:churn-throttler:"))
-    last, done, unmatched = {}, [], 0
+    last, done, sent, unmatched = {}, [], [], 0
     for e in evs:
         if e.get("kind") != "sts" or not (e.get("ns") or "").startswith(args.ns_prefix):
             continue
@@ -479,12 +479,15 @@ def step_effects(args, evs):
                 unmatched += 1
             else:
                 done.extend([best["done"]] * (last[key] - p))
+                sent.extend([best["recv"]] * (last[key] - p))
         last[key] = p
     done.sort()
+    sent.sort()
     return {
         "effect_steps": len(done),
         "effect_steps_max": max_in_window(done, args.window_ms),
         "effect_steps_max_1s": max_in_window(done, 1000),
+        "effect_steps_max_1s_sent": max_in_window(sent, 1000),
         "steps_unmatched": unmatched,
     }
 
