@@ -26,6 +26,14 @@ use std::collections::{HashMap, VecDeque};
 /// network busy without a queue that grows.
 pub const HEADROOM: f64 = 1.0;
 
+/// Partition steps may keep this many windows of replacement pods released or gated: a
+/// step's replacement waits behind the gate before the network sees it, so steps that
+/// counted the gated pods against one window alone could never keep a window's worth on
+/// the network (their makespan was 1.1-1.3x the fixed window's at any C, in the
+/// simulator). Twice the window still bounds the pods deleted and not re-created by the
+/// window, not by the rollout's size (as BBR's cwnd gain of 2 over its paced rate).
+pub const STEP_ROOM_GAIN: u32 = 2;
+
 /// While no queue shows, the window probes this far above the bandwidth-delay product.
 pub const PROBE_GAIN: f64 = 1.25;
 
@@ -402,6 +410,14 @@ pub struct NetworkRoom {
 impl NetworkRoom {
     pub fn full(&self) -> bool {
         self.in_flight >= self.window
+    }
+
+    /// Room for partition steps with `gated` replacement pods of adaptive rules waiting
+    /// behind the gate (see `STEP_ROOM_GAIN`).
+    pub fn for_steps(&self, gated: u32) -> u32 {
+        self.window
+            .saturating_mul(STEP_ROOM_GAIN)
+            .saturating_sub(self.in_flight.saturating_add(gated))
     }
 }
 

@@ -339,8 +339,9 @@ pub struct StepInputs<'a> {
     pub now: Millis,
     pub max_moves: usize,
     /// Adaptive rules: how many more replacement pods the network window has room for
-    /// (its window, less the released pods not network-ready, less the pods of adaptive
-    /// gate rules still gated), shared by the adaptive partition rules; None without one.
+    /// (`NetworkRoom::for_steps`: released pods not network-ready and pods of adaptive
+    /// gate rules still gated, against the window), shared by the adaptive partition
+    /// rules; None without one.
     /// A step deletes a pod whose replacement then waits for that room: stepping past it
     /// would leave pods deleted and not re-created.
     pub network_room: Option<u32>,

@@ -202,9 +202,9 @@ impl PartitionReleaser {
     }
 
     /// The network window's room for replacement pods, from the gate releaser's last round
-    /// in this process: its window, less the pods it counts in flight and the pods of
-    /// adaptive gate rules still gated. No word from it yet: no room (a missing signal
-    /// never opens the window).
+    /// in this process (`NetworkRoom::for_steps`: the pods it counts in flight and the
+    /// pods of adaptive gate rules still gated). No word from it yet: no room (a missing
+    /// signal never opens the window).
     fn network_room(&self, policy: &Policy) -> Option<u32> {
         policy.network?;
         let snapshot = self.ctx.queue.get();
@@ -217,7 +217,7 @@ impl PartitionReleaser {
                 .filter(|p| gate_rule(policy, &p.rule).is_some_and(|r| r.adaptive))
                 .count() as u32
         });
-        Some(room.window.saturating_sub(room.in_flight + gated))
+        Some(room.for_steps(gated))
     }
 
     /// Plans the steps and remembers those taken, for the spacing of the next rounds.

@@ -183,9 +183,9 @@ impl<'a> Sim<'a> {
         })
     }
 
-    /// Room for partition steps: the window less the released pods of adaptive rules
-    /// whose network is not up and the gated pods of adaptive rules still waiting, as the
-    /// releaser counts it. Steps whose old pod is still terminating are not counted (the
+    /// Room for partition steps (`NetworkRoom::for_steps`): released pods of adaptive
+    /// rules whose network is not up and the gated pods of adaptive rules still waiting,
+    /// as the releaser counts them. Steps whose old pod is still terminating are not counted (the
     /// rate bounds them: about rate x termination time). None: the partition rule is not
     /// adaptive.
     pub(super) fn partition_room(&self) -> Option<u32> {
@@ -198,8 +198,11 @@ impl<'a> Sim<'a> {
             .filter(|&g| self.gate_adaptive(g))
             .map(|g| self.gates[g].queue.len() + self.gates[g].real_queue.len())
             .sum();
-        let taken = self.net.in_flight as u64 + waiting as u64;
-        Some((w.window() as u64).saturating_sub(taken) as u32)
+        let room = NetworkRoom {
+            in_flight: self.net.in_flight,
+            window: w.window(),
+        };
+        Some(room.for_steps(u32::try_from(waiting).unwrap_or(u32::MAX)))
     }
 
     /// A pod's network came up or the window moved: the adaptive releasers look again.
