@@ -202,7 +202,18 @@ fn a_new_leader_starts_from_the_recorded_window_within_the_bounds() {
     assert_eq!(NetworkWindow::new(config(), Some(17)).window(), 17);
     assert_eq!(NetworkWindow::new(config(), Some(1)).window(), 2);
     assert_eq!(NetworkWindow::new(config(), Some(999)).window(), 200);
-    assert_eq!(NetworkWindow::new(config(), None).window(), 2);
+    // Nothing recorded: the initial window, within the bounds.
+    assert_eq!(NetworkWindow::new(config(), None).window(), INITIAL_WINDOW);
+    let narrow = NetworkConfig {
+        max_window: 3,
+        ..config()
+    };
+    assert_eq!(NetworkWindow::new(narrow, None).window(), 3);
+    let high_floor = NetworkConfig {
+        min_window: 6,
+        ..config()
+    };
+    assert_eq!(NetworkWindow::new(high_floor, None).window(), 6);
 }
 
 #[test]

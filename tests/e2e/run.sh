@@ -24,7 +24,7 @@
 #   5. faults: churn-throttler killed (SIGKILL) mid-rollout (gate): the rollout goes on
 #      (failurePolicy Ignore), the restarted releaser seeds its windows and releases what
 #      is gated, with no burst above the limit.
-#   7. deploy: 20 Deployments x 10 created at once under the shipped policy (the
+#   7. deploy: E2E_DEPLOYS (20) Deployments x 10 created at once under the shipped policy (the
 #      ConfigMap's, 20 per 10 s): at most 20 bindings in any 10 s window at the effect.
 #   6. Prometheus: its HTTP API's decision counters equal what the test observed (watch,
 #      API server audit log); `promtool check metrics` passes on the exposition.
@@ -52,6 +52,7 @@
 #                                is the bottleneck of a 100-StatefulSet rollout, whatever
 #                                the webhook does (measured: makespan 88-103 s for every
 #                                action, collateral 74-100 s even under gate)
+#   E2E_DEPLOYS=20               scenario 7: Deployments of 10 pods created at once
 #   E2E_OUTAGE=6                 scenario 5: seconds churn-throttler stays down
 #   E2E_TIMEOUT=180              seconds for each ordinary wait
 #   E2E_ROLLOUT_TIMEOUT=1500     seconds for one mass rollout to converge
@@ -1061,11 +1062,11 @@ fi
 
 # =========================================================================================
 if in_list deploy "$SCENARIOS"; then
-section "7. deploy: 20 Deployments x 10 created at once under the shipped policy"
+section "7. deploy: ${E2E_DEPLOYS:-20} Deployments x 10 created at once under the shipped policy"
 k -n churn-throttler get configmap churn-throttler-policy -o jsonpath='{.data.policy\.yaml}' >"$W/policy-deploy.yaml"
 start_webhook deploy "$W/policy-deploy.yaml"
 wait_warm_up
-DEPLOY_NS=deploy-e2e DEPLOYS=20 DEPLOY_REPLICAS=10 DEPLOY_LIMIT=20 DEPLOY_WINDOW=10
+DEPLOY_NS=deploy-e2e DEPLOYS=${E2E_DEPLOYS:-20} DEPLOY_REPLICAS=10 DEPLOY_LIMIT=20 DEPLOY_WINDOW=10
 k create namespace "$DEPLOY_NS" >/dev/null
 k label namespace "$DEPLOY_NS" "$OPTIN=true" >/dev/null
 wait_for "ServiceAccount of $DEPLOY_NS" "$timeout" k -n "$DEPLOY_NS" get serviceaccount default
