@@ -289,7 +289,7 @@ pub struct GateMetrics {
     pub network_p90_seconds: prometheus::Gauge,
     /// releaser: the reason of the last change of the window (one series set to 1)
     pub network_last_change: IntGaugeVec,
-    /// releaser: network samples by outcome (sample, censored, deleted-first)
+    /// releaser: network samples by outcome (sample, censored, deleted-first, node-not-ready)
     pub network_samples: IntCounterVec,
 }
 
@@ -373,7 +373,7 @@ impl GateMetrics {
             network_samples: counter_vec(
                 registry,
                 "churn_throttler_network_samples_total",
-                "Pods whose network time was measured, by outcome (sample, censored: counted at the bound, deleted-first: left out).",
+                "Pods whose network time was measured, by outcome (sample, censored: counted at the bound, deleted-first, node-not-ready: left out).",
                 &["outcome"],
             ),
         }

@@ -1,5 +1,6 @@
-//! Views of the objects churn-throttler paces (pods, StatefulSets) and the JSON patches
-//! it writes to them. Pure: an object in, its view or a patch out.
+//! Views of the objects churn-throttler paces (pods, StatefulSets) and reads (Nodes), and
+//! the JSON patches it writes to them. Pure: an object in, its view or a patch out.
 
+pub mod nodes;
 pub mod pods;
 pub mod statefulsets;

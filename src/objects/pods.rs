@@ -96,6 +96,7 @@ pub fn network_view(pod: &Pod, released: &ReleasedPod) -> PodNetwork {
         workload: workload_of(pod),
         released_at: released.released_at,
         bound: pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+        node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         network_ready: network.is_some_and(|c| c.status == "True"),
         has_network_condition: network.is_some(),
         ready: is_settled(pod),

@@ -441,6 +441,8 @@ pub struct PodNetwork {
     pub released_at: Option<Millis>,
     /// spec.nodeName is set.
     pub bound: bool,
+    /// spec.nodeName.
+    pub node: Option<String>,
     /// `PodReadyToStartContainers` is True.
     pub network_ready: bool,
     /// `PodReadyToStartContainers` is there at all (kubelets that set it).
@@ -456,8 +458,11 @@ pub struct Observed {
     pub samples: Vec<Sample>,
     /// Released pods not network-ready yet (censored ones included until they are).
     pub in_flight: u32,
-    /// Left out this round, and why.
+    /// Left out this round, and why: deleted before its network came up; on a node that
+    /// is not Ready (its network time says nothing of the CNI's queue, and it would hold
+    /// a slot of the window until the node comes back).
     pub deleted_first: u32,
+    pub node_not_ready: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -479,7 +484,15 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    pub fn observe(&mut self, now: Millis, pods: &[PodNetwork], bound: Millis) -> Observed {
+    /// `node_ready` says whether a node is Ready (true for a node nobody knows of: no
+    /// word on the nodes never leaves a pod out).
+    pub fn observe(
+        &mut self,
+        now: Millis,
+        pods: &[PodNetwork],
+        bound: Millis,
+        node_ready: impl Fn(&str) -> bool,
+    ) -> Observed {
         let mut out = Observed::default();
         let mut seen = std::collections::HashSet::with_capacity(pods.len());
         for pod in pods {
@@ -493,6 +506,11 @@ impl Tracker {
                 done: pod.network_ready || pod.ready || pod.deleting,
             });
             if tracked.done {
+                continue;
+            }
+            if !pod.network_ready && pod.node.as_deref().is_some_and(|n| !node_ready(n)) {
+                out.node_not_ready += 1;
+                tracked.done = true;
                 continue;
             }
             if pod.bound && tracked.bound_at.is_none() {

@@ -250,6 +250,7 @@ fn pod(uid: &str) -> PodNetwork {
         workload: "ns/Deployment/web".into(),
         released_at: Some(1_000),
         bound: false,
+        node: None,
         network_ready: false,
         has_network_condition: false,
         ready: false,
@@ -260,10 +261,26 @@ fn pod(uid: &str) -> PodNetwork {
 #[test]
 fn table_of_tracked_pods() {
     // (case, rounds of (now, the pod as seen), samples expected (started, ready, censored),
-    //  in flight after the last round, deleted first)
+    //  in flight after the last round, (deleted first, on a node not Ready)); the node
+    //  "sick" is not Ready, every other is.
     type Round = (Millis, PodNetwork);
-    type Case<'a> = (&'a str, Vec<Round>, Vec<(Millis, Millis, bool)>, u32, u32);
-    let bound = |p: PodNetwork| PodNetwork { bound: true, ..p };
+    type Case<'a> = (
+        &'a str,
+        Vec<Round>,
+        Vec<(Millis, Millis, bool)>,
+        u32,
+        (u32, u32),
+    );
+    let bound = |p: PodNetwork| PodNetwork {
+        bound: true,
+        node: Some("n1".into()),
+        ..p
+    };
+    let on_sick = |p: PodNetwork| PodNetwork {
+        bound: true,
+        node: Some("sick".into()),
+        ..p
+    };
     let up = |p: PodNetwork| PodNetwork {
         network_ready: true,
         has_network_condition: true,
@@ -280,14 +297,14 @@ fn table_of_tracked_pods() {
             ],
             vec![(1_300, 3_300, false)],
             0,
-            0,
+            (0, 0),
         ),
         (
             "no condition from this kubelet: release -> Ready",
             vec![(1_100, bound(pod("a"))), (4_000, ready(bound(pod("a"))))],
             vec![(1_000, 4_000, false)],
             0,
-            0,
+            (0, 0),
         ),
         (
             "with the condition, Ready alone is no sample",
@@ -303,7 +320,7 @@ fn table_of_tracked_pods() {
             ],
             vec![],
             1,
-            0,
+            (0, 0),
         ),
         (
             "never up: one sample at the bound, still in flight",
@@ -314,7 +331,7 @@ fn table_of_tracked_pods() {
             ],
             vec![(1_100, 61_100, true)],
             1,
-            0,
+            (0, 0),
         ),
         (
             "deleted before its network came: left out, counted",
@@ -330,24 +347,50 @@ fn table_of_tracked_pods() {
             ],
             vec![],
             0,
-            1,
+            (1, 0),
         ),
         (
             "first seen already up (a new leader): no sample",
             vec![(5_000, up(bound(pod("a"))))],
             vec![],
             0,
+            (0, 0),
+        ),
+        (
+            "bound to a node that is not Ready: left out, counted, not in flight",
+            vec![(1_100, on_sick(pod("a"))), (70_000, on_sick(pod("a")))],
+            vec![],
             0,
+            (0, 1),
+        ),
+        (
+            "its node goes NotReady before the network comes: left out from then on",
+            vec![
+                (1_100, bound(pod("a"))),
+                (1_500, on_sick(pod("a"))),
+                (2_500, up(bound(pod("a")))),
+            ],
+            vec![],
+            0,
+            (0, 1),
+        ),
+        (
+            "network up before its node went NotReady: the sample stands",
+            vec![(1_100, bound(pod("a"))), (3_100, up(on_sick(pod("a"))))],
+            vec![(1_100, 3_100, false)],
+            0,
+            (0, 0),
         ),
     ];
-    for (name, rounds, want, in_flight, deleted) in cases {
+    for (name, rounds, want, in_flight, left_out) in cases {
         let mut tracker = Tracker::default();
         let mut samples = Vec::new();
         let mut last = Observed::default();
-        let mut deleted_first = 0;
+        let (mut deleted_first, mut node_not_ready) = (0, 0);
         for (now, p) in rounds {
-            last = tracker.observe(now, &[p], 60_000);
+            last = tracker.observe(now, &[p], 60_000, |n| n != "sick");
             deleted_first += last.deleted_first;
+            node_not_ready += last.node_not_ready;
             samples.extend(
                 last.samples
                     .iter()
@@ -356,12 +399,12 @@ fn table_of_tracked_pods() {
         }
         assert_eq!(samples, want, "{name}");
         assert_eq!(last.in_flight, in_flight, "{name}");
-        assert_eq!(deleted_first, deleted, "{name}");
+        assert_eq!((deleted_first, node_not_ready), left_out, "{name}");
     }
     // A pod gone from the list is forgotten.
     let mut tracker = Tracker::default();
-    tracker.observe(1_100, &[pod("a"), pod("b")], 60_000);
-    tracker.observe(1_200, &[pod("b")], 60_000);
+    tracker.observe(1_100, &[pod("a"), pod("b")], 60_000, |_| true);
+    tracker.observe(1_200, &[pod("b")], 60_000, |_| true);
     assert_eq!(tracker.len(), 1);
 }
 

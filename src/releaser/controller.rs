@@ -9,8 +9,8 @@
 
 use super::partition::PartitionReleaser;
 use super::shell::{
-    about, keep_all, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, Rounds,
-    RuleGauges, Target, MAX_EVENTS_PER_ROUND, NO_RULE,
+    about, keep_all, patch_all, run_term, Backoffs, Done, EventThrottle, EventWriter, NodeWatch,
+    Rounds, RuleGauges, Target, MAX_EVENTS_PER_ROUND, NO_RULE,
 };
 use super::{Config, Context};
 use crate::election as lease;
@@ -66,7 +66,8 @@ pub async fn run(config: Config, ctx: Arc<Context>, mut shutdown: watch::Receive
     let mut leadership = Leadership::new(rx);
     // The global budget: only the leader admits gate-rule pods at once (src/budget).
     ctx.role.set(ReleaserRole::Running(leadership.clone()));
-    let mut releaser = Releaser::new(client.clone(), ctx.clone(), &config);
+    let nodes = NodeWatch::start(&client, ctx.metrics.clone());
+    let mut releaser = Releaser::new(client.clone(), ctx.clone(), &config, nodes);
     let mut partitions = PartitionReleaser::new(client, ctx.clone(), &config);
     loop {
         tokio::select! {
@@ -105,6 +106,8 @@ struct Releaser {
     /// The shared network window of the adaptive rules and the pods it measures; None
     /// until a policy has adaptive rules (then started from the Lease's note).
     network: Option<(NetworkWindow, Tracker)>,
+    /// Which nodes are Ready: the window leaves out pods on the others.
+    nodes: NodeWatch,
     /// The Lease's notes: the window is recorded there for the next leader.
     notes: Arc<crate::election::Notes>,
     /// The Lease's namespace: the policy's ConfigMap (churn-throttler-policy) lives there
@@ -130,7 +133,7 @@ struct Job {
 }
 
 impl Releaser {
-    fn new(client: Client, ctx: Arc<Context>, config: &Config) -> Releaser {
+    fn new(client: Client, ctx: Arc<Context>, config: &Config, nodes: NodeWatch) -> Releaser {
         let metrics = &ctx.metrics;
         let events = EventWriter::new(&client, config, "Gate", &metrics.gate.gate_events, metrics);
         let gauges = RuleGauges::new(vec![
@@ -141,6 +144,7 @@ impl Releaser {
             client,
             ctx,
             network: None,
+            nodes,
             notes: config.lease.notes.clone(),
             namespace: config.lease.namespace.clone(),
             window_cut: None,
@@ -611,7 +615,8 @@ impl Releaser {
             .filter(|(rule, _)| gate_rule(policy, rule).is_some_and(|r| r.adaptive))
             .map(|(_, p)| p.clone())
             .collect();
-        let observed = tracker.observe(now, &adaptive, config.bound_ms);
+        let nodes = &self.nodes;
+        let observed = tracker.observe(now, &adaptive, config.bound_ms, |n| nodes.is_ready(n));
         let metrics = &self.ctx.metrics.gate;
         let before = window.window();
         for sample in &observed.samples {
@@ -623,11 +628,16 @@ impl Releaser {
             };
             metrics.network_samples.with_label_values(&[outcome]).inc();
         }
-        if observed.deleted_first > 0 {
-            metrics
-                .network_samples
-                .with_label_values(&["deleted-first"])
-                .inc_by(u64::from(observed.deleted_first));
+        for (outcome, n) in [
+            ("deleted-first", observed.deleted_first),
+            ("node-not-ready", observed.node_not_ready),
+        ] {
+            if n > 0 {
+                metrics
+                    .network_samples
+                    .with_label_values(&[outcome])
+                    .inc_by(u64::from(n));
+            }
         }
         let status = window.status();
         if status.cut_hard && status.window < before {

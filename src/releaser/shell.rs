@@ -10,13 +10,14 @@ use crate::names::{FIELD_MANAGER, REPORTING_CONTROLLER};
 use crate::policy::format_duration;
 use crate::shared::{now_millis, Leadership};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
 use prometheus::{IntCounterVec, IntGaugeVec};
@@ -98,6 +99,38 @@ pub(super) async fn run_term<R: Rounds>(
             _ = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
             _ = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+/// Whether each Node is Ready, from a watch kept for the whole process (warm when a
+/// replica takes over the lease). The network window leaves out pods on a node that is
+/// not Ready (`crate::pacing::network::Tracker`).
+pub(super) struct NodeWatch {
+    reader: Store<Node>,
+    _feed: AbortOnDrop,
+}
+
+impl NodeWatch {
+    pub fn start(client: &Client, metrics: ReleaserParts) -> NodeWatch {
+        let (reader, writer) = reflector::store::<Node>();
+        let stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(crate::objects::nodes::slim)
+            .reflect(writer);
+        // Nobody waits on node changes: a round reads the store when it runs.
+        let feed = spawn_feed(stream, Arc::new(Notify::new()), metrics, "nodes");
+        NodeWatch {
+            reader,
+            _feed: feed,
+        }
+    }
+
+    /// A node not known (not listed yet, gone, or no right to list Nodes) counts as
+    /// Ready: no word on the nodes never leaves a pod out.
+    pub fn is_ready(&self, name: &str) -> bool {
+        self.reader
+            .get(&ObjectRef::new(name))
+            .is_none_or(|node| crate::objects::nodes::is_ready(&node))
     }
 }
 
