@@ -4,13 +4,18 @@
 # (statefulset-creates, controller-creates) at the shipped rate, 20 per 10 s, under the
 # gate and the partition action, against one FIFO CNI of C pods/s, base network time 2 s.
 # Prints a Markdown table with each target checked, then the step from 10 to 1 pod/s.
-# Usage: bench/adaptive-sweep.sh [out-dir]   (exit 1 when a target is missed)
+# Usage: [SWEEP_BIN=path] bench/adaptive-sweep.sh [out-dir]   (exit 1 when a target is missed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/adaptive-sweep}
 mkdir -p "$out"
-cargo build --release --locked -q
-bin=target/release/churn-throttler
+# SWEEP_BIN: a churn-throttler binary to use instead of building the release one (the
+# simulator is deterministic: a debug build prints the same table, slower).
+bin=${SWEEP_BIN:-}
+if [[ -z $bin ]]; then
+  cargo build --release --locked -q
+  bin=target/release/churn-throttler
+fi
 base=2
 rates="0.25 0.5 1 2 5 20 50"
 

@@ -27,12 +27,15 @@ use std::collections::{HashMap, VecDeque};
 pub const HEADROOM: f64 = 1.0;
 
 /// Partition steps may keep this many windows of replacement pods released or gated: a
-/// step's replacement waits behind the gate before the network sees it, so steps that
-/// counted the gated pods against one window alone could never keep a window's worth on
-/// the network (their makespan was 1.1-1.3x the fixed window's at any C, in the
-/// simulator). Twice the window still bounds the pods deleted and not re-created by the
-/// window, not by the rollout's size (as BBR's cwnd gain of 2 over its paced rate).
-pub const STEP_ROOM_GAIN: u32 = 2;
+/// step's replacement reaches the network only after its old pod has terminated and it
+/// has waited behind the gate, a pipeline longer than the network's own by the
+/// termination (10 s against a 2-4 s network time in the simulator's sweep). Steps that
+/// counted the gated pods against one window could never keep the network busy: their
+/// makespan was 1.1-1.3x the fixed window's at every C; with two windows 1.06-1.17x; with
+/// four 1.00-1.07x (docs/adaptive.md). Four windows still bound the pods deleted and not
+/// re-created by the window, not by the rollout's size (as BBR's congestion window is a
+/// gain over its bandwidth-delay product).
+pub const STEP_ROOM_GAIN: u32 = 4;
 
 /// A window with nothing recorded starts here (within the bounds), not at `minWindow`: a
 /// fresh start knows nothing of the network, and starting at the floor cost a small

@@ -445,16 +445,17 @@ proptest! {
 }
 
 #[test]
-fn partition_steps_get_room_for_two_windows_of_released_and_gated_pods() {
+fn partition_steps_get_room_for_step_room_gain_windows_of_released_and_gated_pods() {
     let room = |window, in_flight, gated| NetworkRoom { in_flight, window }.for_steps(gated);
     // (window, in flight, gated) -> room for steps
     let table = [
-        ((4, 0, 0), 8),
-        ((4, 4, 0), 4),
-        ((4, 4, 3), 1),
-        ((4, 4, 4), 0),
+        ((4, 0, 0), 16),
+        ((4, 4, 0), 12),
+        ((4, 4, 11), 1),
+        ((4, 4, 12), 0),
         // A window shrunk below what is out: no step, never a wrap-around.
         ((2, 6, 9), 0),
+        ((2, 0, 0), 2 * STEP_ROOM_GAIN),
         ((u32::MAX, 0, 0), u32::MAX),
     ];
     for ((window, in_flight, gated), want) in table {
