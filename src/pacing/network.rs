@@ -53,6 +53,15 @@ pub const PROBE_GAIN: f64 = 1.25;
 pub const QUEUE_SHARE: f64 = 0.25;
 pub const QUEUE_MIN_MS: Millis = 500;
 
+/// Slow start ends at a smaller rise than a queue in steady state: an eighth of the floor
+/// (and at least `SLOW_START_EXIT_MIN_MS`, above the watch's jitter), as HyStart++ leaves
+/// slow start on a round trip an eighth above the last (RFC 9406). The slow start's
+/// signal comes a round trip late, while the window doubles per round trip: waiting for
+/// the steady-state threshold let 9 pods queue at 2 pods/s in the simulator (target 5),
+/// this exit 3.
+pub const SLOW_START_EXIT_SHARE: f64 = 0.125;
+pub const SLOW_START_EXIT_MIN_MS: Millis = 250;
+
 /// The delivery rate is counted over at least this long (and over four floors).
 pub const RATE_SPAN_MIN_MS: Millis = 10_000;
 
@@ -285,6 +294,12 @@ impl NetworkWindow {
         latency > floor.saturating_add(allowed)
     }
 
+    fn leaves_slow_start(latency: Millis, floor: Millis) -> bool {
+        let allowed =
+            ((floor as f64 * SLOW_START_EXIT_SHARE) as Millis).max(SLOW_START_EXIT_MIN_MS);
+        latency > floor.saturating_add(allowed)
+    }
+
     /// One pod's network time (or its censored bound). The only place the window moves.
     pub fn observe(&mut self, sample: &Sample) {
         let at = sample.ready.max(self.clock);
@@ -323,7 +338,9 @@ impl NetworkWindow {
         if self.recent.len() > RECENT {
             self.recent.pop_front();
         }
-        let queued = sample.censored || Self::queued(latency, floor);
+        let queued = sample.censored
+            || Self::queued(latency, floor)
+            || (self.phase == Phase::SlowStart && Self::leaves_slow_start(latency, floor));
         let product = self.rate_per_s(floor) * floor as f64 / 1000.0;
         let before = self.window;
         if let Phase::Remeasure {

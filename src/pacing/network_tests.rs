@@ -466,3 +466,38 @@ fn partition_steps_get_room_for_step_room_gain_windows_of_released_and_gated_pod
         );
     }
 }
+
+#[test]
+fn slow_start_ends_at_an_eighth_above_the_floor_steady_state_at_a_quarter() {
+    // (latency of the fifth sample after four at the 2 s floor, slow start goes on)
+    let table = [
+        (2_200, true),  // 10 %: under the 250 ms minimum
+        (2_240, true),  // 12 %
+        (2_300, false), // 15 %: above 1/8 of the floor and 250 ms
+        (2_600, false), // 30 %: a queue in any phase
+    ];
+    for (latency, goes_on) in table {
+        let mut w = NetworkWindow::new(config(), None);
+        for i in 0..4 {
+            w.observe(&sample("app", i * 500, 2_000));
+        }
+        assert_eq!(w.status().last_change, Change::SlowStart);
+        let before = w.window();
+        w.observe(&sample("app", 2_000, latency));
+        if goes_on {
+            assert_eq!(w.status().last_change, Change::SlowStart, "{latency}");
+            assert_eq!(w.window(), before + 1, "{latency}");
+        } else {
+            assert_eq!(w.status().last_change, Change::Queue, "{latency}");
+            assert!(w.window() <= before, "{latency}: {} > {before}", w.window());
+        }
+    }
+    // Out of slow start, a rise of 15 % is no queue: the window probes on.
+    let mut w = NetworkWindow::new(config(), None);
+    for i in 0..4 {
+        w.observe(&sample("app", i * 500, 2_000));
+    }
+    w.observe(&sample("app", 2_000, 2_600));
+    w.observe(&sample("app", 2_500, 2_300));
+    assert_eq!(w.status().last_change, Change::Probe);
+}
