@@ -25,7 +25,8 @@
 #
 # Environment: CHURN_THROTTLER_BIN (skip `cargo build`), E2E_BIN, ADAPTIVE_E2E_KEEP=1,
 # ADAPTIVE_E2E_TIMEOUT (s per wait, default 300), ADAPTIVE_E2E_FULL=1 (C = 0.5, 2, 20
-# and the step 10 -> 1 pod/s at 60 s, 90 pods per scenario), ADAPTIVE_E2E_RATES (the C
+# and the step 10 -> 1 pod/s at 20 s, mid-rollout: 90 pods at the rules' 2 pods/s take 45 s;
+# 90 pods per scenario), ADAPTIVE_E2E_RATES (the C
 # list, e.g. "0.5 2"), ADAPTIVE_E2E_MODES ("adaptive fixed").
 # shellcheck disable=SC2015  # `check && ok || bad`: ok() never fails
 # shellcheck source-path=SCRIPTDIR
@@ -39,7 +40,7 @@ e2e_suite adaptive ADAPTIVE_E2E_KEEP --quiet-down
 
 timeout="${ADAPTIVE_E2E_TIMEOUT:-300}"
 if [[ "${ADAPTIVE_E2E_FULL:-0}" == 1 ]]; then
-  RATES="${ADAPTIVE_E2E_RATES:-0.5 2 20 10,1@60}" STS_SETS=30 DEPLOY_PODS=90
+  RATES="${ADAPTIVE_E2E_RATES:-0.5 2 20 10,1@20}" STS_SETS=30 DEPLOY_PODS=90
 else
   RATES="${ADAPTIVE_E2E_RATES:-0.5 2}" STS_SETS=10 DEPLOY_PODS=30
 fi
