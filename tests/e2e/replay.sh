@@ -229,8 +229,10 @@ for kind in starts deletions; do
   p_peak=$(field "$kind" paced_peak) p_mk=$(field "$kind" paced_makespan_s)
   r_peak=$(field "$kind" recorded_peak) n=$(field "$kind" events)
   a_peak=$(real "$kind" peak) a_mk=$(real "$kind" makespan_s) a_n=$(real "$kind" events)
-  numeric "n == a_n" \
-    && ok "$kind: the unpaced run recorded $n, the paced run $a_n (the same workload)" \
+  # The same workload (a controller may re-create a pod once more: one run had db-13-0
+  # bound twice, 181 bindings).
+  numeric "a_n - n <= 2 && n - a_n <= 2" \
+    && ok "$kind: the unpaced run recorded $n, the paced run $a_n (the same workload, within 2)" \
     || bad "$kind: the unpaced run recorded $n, the paced run $a_n"
   numeric "p_peak <= max_kind" \
     && ok "replayed $kind: peak $p_peak per 10 s within the two rules' limits ($max_kind; real $a_peak)" \

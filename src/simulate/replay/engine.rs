@@ -1,6 +1,7 @@
 //! The paced run: the recorded events replayed through the pure admission decision, the
-//! real gate release plan and the limiter, at their recorded times, with StatefulSet
-//! rollouts and ReplicaSet surges re-simulated where a delay changes what comes next.
+//! releasers' own plans (gate releases, partition steps) and the limiter, at their
+//! recorded times, with StatefulSet rollouts and ReplicaSet surges re-simulated where a
+//! delay changes what comes next.
 
 use super::attribute::{Controller, Kind, PodEvent, REPLICASET_CONTROLLER, STATEFULSET_CONTROLLER};
 use crate::admission::classify::{self, ChurnRequest};

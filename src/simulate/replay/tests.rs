@@ -660,3 +660,37 @@ fn per_pod_state_is_bounded_by_the_pods_in_flight() {
         2 * workloads
     );
 }
+
+/// The built-in rules are adaptive: a step's replacement pod needs room in the network
+/// window, which the pods adaptive gate rules still hold gated take first (as the real
+/// partition releaser computes it). 40 ReplicaSet pods created just after the rollout's
+/// writes fill it: the steps taken before they came are all until they are all but
+/// released (on the real control plane: 5 steps, then none while a Deployment's 60 pods
+/// were gated; docs/simulator.md).
+#[test]
+fn steps_wait_while_gated_pods_fill_the_network_window() {
+    let rs = attribute::REPLICASET_CONTROLLER;
+    let mut text = heavy_rollout();
+    for i in 0..40u64 {
+        let pod = format!("web-5d9f-{i}");
+        text.push('\n');
+        text += &pod_line("create", "", "t0", &pod, rs, 10 + i);
+        text.push('\n');
+        text += &pod_line("create", "binding", "t0", &pod, "system:kube-scheduler", 60 + i);
+    }
+    let r = replay_text(&text, &[]);
+    let rs_starts = &r.paced.by_controller[&(Kind::Starts, attribute::Controller::ReplicaSet)];
+    assert_eq!(rs_starts.len(), 40);
+    // The window (minWindow 2) has room for a step only while fewer than 2 are gated.
+    let steps = &r.paced.times[&Kind::PartitionSteps];
+    let (from, until) = (rs_starts[0] + 1, rs_starts[38]);
+    let meanwhile: Vec<_> = steps.iter().filter(|&&t| t > from && t < until).collect();
+    assert!(
+        meanwhile.is_empty(),
+        "steps {meanwhile:?} while ReplicaSet pods were gated ({from}..{until})"
+    );
+    assert!(steps.iter().any(|&t| t <= from), "some steps before the pods came");
+    let x = row(&r, Kind::PartitionSteps);
+    assert_eq!(x.paced_events, 120);
+    assert!(x.paced_peak <= 20, "{x:?}");
+}
