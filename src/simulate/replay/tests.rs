@@ -676,7 +676,14 @@ fn steps_wait_while_gated_pods_fill_the_network_window() {
         text.push('\n');
         text += &pod_line("create", "", "t0", &pod, rs, 10 + i);
         text.push('\n');
-        text += &pod_line("create", "binding", "t0", &pod, "system:kube-scheduler", 60 + i);
+        text += &pod_line(
+            "create",
+            "binding",
+            "t0",
+            &pod,
+            "system:kube-scheduler",
+            60 + i,
+        );
     }
     let r = replay_text(&text, &[]);
     let rs_starts = &r.paced.by_controller[&(Kind::Starts, attribute::Controller::ReplicaSet)];
@@ -689,7 +696,10 @@ fn steps_wait_while_gated_pods_fill_the_network_window() {
         meanwhile.is_empty(),
         "steps {meanwhile:?} while ReplicaSet pods were gated ({from}..{until})"
     );
-    assert!(steps.iter().any(|&t| t <= from), "some steps before the pods came");
+    assert!(
+        steps.iter().any(|&t| t <= from),
+        "some steps before the pods came"
+    );
     let x = row(&r, Kind::PartitionSteps);
     assert_eq!(x.paced_events, 120);
     assert!(x.paced_peak <= 20, "{x:?}");
