@@ -47,7 +47,31 @@ fn replays_a_file_and_writes_csv_and_svg() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("partition_steps"), "{out}");
     let csv = std::fs::read_to_string(csv).expect("csv");
-    assert_eq!(csv.lines().count(), 6, "{csv}");
+    // The header, one row per kind, then per kind and controller (`starts:StatefulSet`).
+    let kinds: Vec<&str> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        kinds[..5],
+        [
+            "creations",
+            "starts",
+            "deletions",
+            "evictions",
+            "partition_steps"
+        ],
+        "{csv}"
+    );
+    assert!(kinds.len() > 5, "{csv}");
+    for k in &kinds[5..] {
+        let (kind, controller) = k.split_once(':').expect("kind:controller");
+        assert!(
+            kinds[..5].contains(&kind) && !controller.is_empty(),
+            "{csv}"
+        );
+    }
     assert!(std::fs::read_to_string(svg).expect("svg").contains("<svg"));
 }
 

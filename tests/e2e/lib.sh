@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Scaffolding shared by the end-to-end suites that run churn-throttler against the control
-# plane of cluster.sh (partition.sh, slowpods.sh, maxunavailable.sh, status.sh,
+# plane of cluster.sh (partition.sh, slowpods.sh, maxunavailable.sh, status.sh, replay.sh,
 # releaser.sh, budget.sh, forged.sh): counters and messages, the build step, the work dir
 # and what is stopped on exit, bounded waits. Sourcing it also sources cluster.sh
 # (cluster_up, cluster_down, ...). It only defines things; each suite calls what it needs,

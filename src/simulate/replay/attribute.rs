@@ -73,6 +73,17 @@ impl Controller {
             .unwrap_or(Controller::None)
     }
 
+    /// The controller of that `controllerKinds` name (None: a person or an operator).
+    pub fn from_kind_name(kind: Option<&str>) -> Controller {
+        match kind {
+            Some("StatefulSet") => Controller::StatefulSet,
+            Some("ReplicaSet") => Controller::ReplicaSet,
+            Some("Job") => Controller::Job,
+            Some("DaemonSet") => Controller::DaemonSet,
+            _ => Controller::None,
+        }
+    }
+
     /// The controller kind as the policy's `controllerKinds` names it.
     pub fn kind_name(self) -> Option<&'static str> {
         match self {
@@ -143,10 +154,18 @@ impl Dropped {
     }
 }
 
+/// How long a deleted pod's state is kept (its later DELETEs are final deletions of a
+/// terminating pod) and how long a generateName creation waits for its binding: then
+/// they are dropped (the creation counted as unpaired), so what the attributor keeps
+/// follows the pods in flight, not the log's length.
+pub const POD_STATE_HORIZON_MS: Millis = 10 * 60 * 1000;
+
 #[derive(Debug, Default)]
 struct PodState {
     /// Deleted (or evicted) since its last creation.
     deleting: bool,
+    /// When, for the horizon (the first DELETE's received time).
+    deleted_at: Millis,
     /// The StatefulSet (and ordinal) whose controller created it.
     set: Option<(String, u32)>,
 }
@@ -162,6 +181,9 @@ pub struct Attributor {
     pods: HashMap<(String, String), PodState>,
     /// generateName creations waiting for their pod's name: namespace -> event indices.
     unnamed: HashMap<String, VecDeque<usize>>,
+    /// Deleted pods in deletion order, dropped from `pods` after the horizon.
+    deleted: VecDeque<(Millis, (String, String))>,
+    next_expiry: Millis,
     /// Last partition written per StatefulSet (from bodies).
     partitions: HashMap<(String, String), u32>,
     /// StatefulSet writes per set: (namespace, set) -> times (for inferred rollouts).
@@ -181,6 +203,7 @@ pub fn split_ordinal(name: &str) -> Option<(&str, u32)> {
 impl Attributor {
     pub fn push(&mut self, r: Request) {
         *self.levels.entry(r.level).or_default() += 1;
+        self.expire(r.received);
         let before = self.events.len();
         self.push_events(r);
         if self.events.len() > before {
@@ -216,6 +239,7 @@ impl Attributor {
                         key,
                         PodState {
                             deleting: false,
+                            deleted_at: 0,
                             set: e.set.clone(),
                         },
                     );
@@ -239,6 +263,8 @@ impl Attributor {
                     return;
                 }
                 state.deleting = true;
+                state.deleted_at = r.received;
+                self.deleted.push_back((r.received, key.clone()));
                 let kind = if r.what == What::Eviction {
                     Kind::Evictions
                 } else {
@@ -298,6 +324,55 @@ impl Attributor {
     /// The set of a StatefulSet pod, from its creation by the StatefulSet controller.
     fn set_of(&self, key: &(String, String)) -> Option<(String, u32)> {
         self.pods.get(key).and_then(|p| p.set.clone())
+    }
+
+    /// Drops what is older than the horizon at `now`: deleted pods not re-created since,
+    /// and generateName creations never bound (counted as unpaired).
+    fn expire(&mut self, now: Millis) {
+        let before = now.saturating_sub(POD_STATE_HORIZON_MS);
+        while let Some((at, _)) = self.deleted.front() {
+            if *at >= before {
+                break;
+            }
+            let Some((at, key)) = self.deleted.pop_front() else {
+                break;
+            };
+            if self
+                .pods
+                .get(&key)
+                .is_some_and(|p| p.deleting && p.deleted_at == at)
+            {
+                self.pods.remove(&key);
+            }
+        }
+        // The unnamed creations: a walk over the namespaces, at most once a second.
+        if now < self.next_expiry {
+            return;
+        }
+        self.next_expiry = now.saturating_add(1000);
+        let events = &self.events;
+        let mut unpaired = 0;
+        self.unnamed.retain(|_, q| {
+            while q.front().is_some_and(|&i| events[i].at < before) {
+                q.pop_front();
+                unpaired += 1;
+            }
+            !q.is_empty()
+        });
+        if unpaired > 0 {
+            *self
+                .unattributed
+                .entry(Unattributed::GenerateNameUnpaired)
+                .or_default() += unpaired;
+        }
+    }
+
+    /// Entries kept per pod (pod states, deleted pods waiting for the horizon, unnamed
+    /// creations waiting for a binding): what grows with the pods in flight.
+    pub fn retained(&self) -> usize {
+        self.pods.len()
+            + self.deleted.len()
+            + self.unnamed.values().map(VecDeque::len).sum::<usize>()
     }
 
     /// The end of the log: generateName creations never paired are counted.

@@ -1,14 +1,21 @@
 //! The paced run: the recorded events replayed through the pure admission decision, the
-//! real gate release plan and the limiter, at their recorded times, with StatefulSet
-//! rollouts and ReplicaSet surges re-simulated where a delay changes what comes next.
+//! releasers' own plans (gate releases, partition steps) and the limiter, at their
+//! recorded times, with StatefulSet rollouts and ReplicaSet surges re-simulated where a
+//! delay changes what comes next.
 
 use super::attribute::{Controller, Kind, PodEvent, REPLICASET_CONTROLLER, STATEFULSET_CONTROLLER};
 use crate::admission::classify::{self, ChurnRequest};
 use crate::admission::decide::decide_churn;
 use crate::admission::{Endpoint, Verdict};
 use crate::limiter::{Identity, Limiter, Millis};
-use crate::pacing::gate::{plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND};
-use crate::policy::{Action, ChurnKind, Policy};
+use crate::pacing::gate::{
+    longest_window, plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND,
+};
+use crate::pacing::network::{NetworkRoom, NetworkWindow};
+use crate::pacing::partition::{
+    plan_steps, HeldSet, Move, Record, Released, StepInputs, TakenStep,
+};
+use crate::policy::{ChurnKind, Policy};
 use crate::simulate::requests::{base_request, statefulset_update_request, StsUpdate};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
@@ -72,6 +79,8 @@ struct SetRollout {
 #[derive(Debug, Clone, Default)]
 pub struct Paced {
     pub times: BTreeMap<Kind, Vec<Millis>>,
+    /// The same, per controller of the pods (each rule matches its own controllers).
+    pub by_controller: BTreeMap<(Kind, Controller), Vec<Millis>>,
     /// Per namespace: delays (paced - recorded) of the events both runs have.
     pub delays: BTreeMap<String, Vec<Millis>>,
     /// (rule, verdict) -> decisions; releases and steps under (rule, "release"/"step").
@@ -93,8 +102,12 @@ enum Ev {
     Retry(usize, u32),
     /// Set s: the rollout's template write.
     SetWrite(usize),
-    /// Set s: step k may go (partition held) or the controller deletes ordinal k.
+    /// Set s, not held: the controller deletes its k-th ordinal.
     SetNext(usize, usize),
+    /// Set s, held: the controller deletes the ordinal step k released.
+    SetDelete(usize, usize),
+    /// The partition releaser's next round.
+    PartitionWake,
     /// Set s, ordinal k: the replacement pod is created.
     SetCreate(usize, usize),
     /// A gated pod's binding, then its Ready.
@@ -103,9 +116,25 @@ enum Ev {
     GateWake,
 }
 
+/// A held set as the partition releaser sees it: what `plan_steps` reads of it.
+#[derive(Debug, Clone)]
+struct Hold {
+    rule: String,
+    since: Millis,
+    /// Steps taken: the partition is `replicas - steps`.
+    steps: usize,
+    /// `partition-stepped-at`, as the plan's moves rewrite it.
+    stepped_at: Vec<Millis>,
+    /// The pod the last step released.
+    released: Released,
+    /// Finished or let go: no longer in the plan's inputs.
+    done: bool,
+}
+
 /// A pod of the paced run that goes through the gate (or is admitted at once).
 #[derive(Debug, Clone)]
 struct PacedPod {
+    controller: Controller,
     namespace: String,
     name: String,
     owner: String,
@@ -117,6 +146,8 @@ struct PacedPod {
     /// The recorded binding (for the delay) and what to do at Ready.
     recorded_bind: Option<Millis>,
     then: After,
+    /// Released by an adaptive rule at this time, network not up yet.
+    net_since: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -137,10 +168,26 @@ pub struct Engine<'a> {
     heap: BinaryHeap<Reverse<(Millis, u64, Ev)>>,
     seq: u64,
     sets: Vec<SetRollout>,
-    /// Held sets: steps taken (for the rule's window) and whether held.
-    held: Vec<bool>,
-    steps: Vec<Millis>,
-    step_rule: Option<(String, u32, Millis)>,
+    /// Per set: its hold, while the webhook holds it and the partition releaser steps
+    /// it down (None: not held, the controller rolls it by itself).
+    holds: Vec<Option<Hold>>,
+    /// What the partition plan reads besides the held sets: the steps taken (for the
+    /// spacing) and the records of sets let go (their step times stay in the windows).
+    taken: Vec<TakenStep>,
+    records: Vec<Record>,
+    partition_wake: Option<Millis>,
+    /// The controller's reaction to a step: the fastest measured (write -> first DELETE)
+    /// of the re-simulated sets. A mass update queues every set in the controller at once
+    /// (measured: up to 2.4 s for the last of 24), steps reach it one set at a time.
+    step_reaction: Millis,
+    /// The adaptive rules' shared network window (None: no adaptive rule), at its start
+    /// (`minWindow`) throughout: an audit log has no network times to move it, and the
+    /// replay's delays are medians, without the spread that stops the real window's
+    /// slow start (on kwok's fast pods it went 2 -> 10 in 90 s; fed the replay's constant
+    /// delays it would grow by one a pod).
+    net: Option<NetworkWindow>,
+    /// Pods an adaptive rule released that are not Ready yet.
+    net_in_flight: u32,
     pods: Vec<PacedPod>,
     queue: Vec<usize>,
     not_ready: HashMap<String, u32>,
@@ -184,14 +231,6 @@ impl<'a> Engine<'a> {
                     .or_insert(e.at);
             }
         }
-        let step_rule = policy
-            .rules
-            .iter()
-            .find(|r| r.action == Action::Partition)
-            .and_then(|r| {
-                let l = r.limits.first()?;
-                Some((r.name.to_string(), l.events, l.window.as_millis() as Millis))
-            });
         let mut engine = Engine {
             policy,
             opt_in,
@@ -200,9 +239,13 @@ impl<'a> Engine<'a> {
             heap: BinaryHeap::new(),
             seq: 0,
             sets: Vec::new(),
-            held: Vec::new(),
-            steps: Vec::new(),
-            step_rule,
+            holds: Vec::new(),
+            taken: Vec::new(),
+            records: Vec::new(),
+            partition_wake: None,
+            step_reaction: 0,
+            net: policy.network.map(|c| NetworkWindow::new(c, None)),
+            net_in_flight: 0,
             pods: Vec::new(),
             queue: Vec::new(),
             not_ready: HashMap::new(),
@@ -215,6 +258,12 @@ impl<'a> Engine<'a> {
             out: Paced::default(),
         };
         engine.find_sets(sts_writes);
+        engine.step_reaction = engine
+            .sets
+            .iter()
+            .map(|s| s.delays.reaction)
+            .min()
+            .unwrap_or(0);
         engine.find_surges();
         engine
     }
@@ -418,7 +467,7 @@ impl<'a> Engine<'a> {
             .workloads
             .insert(Treatment::Shifted, shifted.into_keys().collect());
         for s in 0..self.sets.len() {
-            self.held.push(false);
+            self.holds.push(None);
             self.at(self.sets[s].start, Ev::SetWrite(s));
         }
         let mut guard: u64 = 0;
@@ -433,6 +482,9 @@ impl<'a> Engine<'a> {
         for v in self.out.times.values_mut() {
             v.sort_unstable();
         }
+        for v in self.out.by_controller.values_mut() {
+            v.sort_unstable();
+        }
         self.out
     }
 
@@ -442,8 +494,19 @@ impl<'a> Engine<'a> {
             .contains(&(e.namespace.as_str(), e.name.as_str()))
     }
 
-    fn emit(&mut self, kind: Kind, t: Millis, namespace: &str, recorded: Option<Millis>) {
+    fn emit(
+        &mut self,
+        (kind, controller): (Kind, Controller),
+        t: Millis,
+        namespace: &str,
+        recorded: Option<Millis>,
+    ) {
         self.out.times.entry(kind).or_default().push(t);
+        self.out
+            .by_controller
+            .entry((kind, controller))
+            .or_default()
+            .push(t);
         if let Some(r) = recorded {
             self.out
                 .delays
@@ -469,14 +532,24 @@ impl<'a> Engine<'a> {
             Ev::Retry(i, n) => self.recorded(now, i, n),
             Ev::SetWrite(s) => self.set_write(now, s),
             Ev::SetNext(s, k) => self.set_next(now, s, k),
+            Ev::SetDelete(s, k) => self.set_delete(now, s, k),
+            Ev::PartitionWake => {
+                if self.partition_wake == Some(now) {
+                    self.partition_wake = None;
+                }
+                self.partition_round(now);
+            }
             Ev::SetCreate(s, k) => self.set_create(now, s, k),
             Ev::Bound(p) => {
+                self.network_ready(now, p);
                 let pod = &self.pods[p];
                 let (ns, rec, ready) = (pod.namespace.clone(), pod.recorded_bind, pod.ready);
-                self.emit(Kind::Starts, now, &ns, rec);
+                let controller = pod.controller;
+                self.emit((Kind::Starts, controller), now, &ns, rec);
                 self.at(now + ready, Ev::Ready(p));
             }
             Ev::Ready(p) => {
+                self.network_ready(now, p);
                 if let Some(rule) = self.pods[p].rule.clone() {
                     if let Some(n) = self.not_ready.get_mut(&rule) {
                         *n = n.saturating_sub(1);
@@ -510,8 +583,8 @@ impl<'a> Engine<'a> {
             Kind::Starts => {
                 // A binding of a pod whose creation is not replayed: as recorded.
                 if !self.binds_are_paced(e) {
-                    let ns = e.namespace.clone();
-                    self.emit(Kind::Starts, now, &ns, recorded);
+                    let (ns, controller) = (e.namespace.clone(), e.controller);
+                    self.emit((Kind::Starts, controller), now, &ns, recorded);
                 }
             }
             Kind::Creations => {
@@ -535,7 +608,7 @@ impl<'a> Engine<'a> {
             Kind::Deletions | Kind::Evictions | Kind::PartitionSteps => {
                 let churn = self.other_request(e);
                 if let Some(t) = self.decide_at(now, i, &churn, Endpoint::Validate, tries) {
-                    let (kind, ns) = (e.kind, e.namespace.clone());
+                    let (kind, ns) = ((e.kind, e.controller), e.namespace.clone());
                     self.emit(kind, t, &ns, recorded);
                 }
             }
@@ -559,7 +632,18 @@ impl<'a> Engine<'a> {
         self.fired(d.rule.as_deref(), d.verdict.label());
         match d.verdict {
             Verdict::Hold { until } => Some(until.max(now)),
-            // client-go sleeps Retry-After and comes back to its reserved slot.
+            // client-go sleeps Retry-After and asks again: a reserved slot is claimed
+            // then, a refusal beyond the rule's reach (nothing reserved) is decided anew.
+            // Taking effect at the slot without asking again let refused requests through
+            // in bursts over the limit (31 ReplicaSet deletions in 10 s under 20).
+            Verdict::RetryAfter { slot, .. } if i < self.events.len() => {
+                if tries >= MAX_RETRIES {
+                    self.out.gave_up += 1;
+                } else {
+                    self.at(slot.max(now + 1), Ev::Retry(i, tries + 1));
+                }
+                None
+            }
             Verdict::RetryAfter { slot, .. } => Some(slot.max(now)),
             Verdict::Deny { wait_ms } => {
                 if tries >= MAX_RETRIES {
@@ -588,7 +672,10 @@ impl<'a> Engine<'a> {
     ) {
         let recorded = (i < self.events.len()).then(|| self.events[i].at);
         let owner = churn.controller_uid.clone().unwrap_or_default();
+        let controller = Controller::from_kind_name(churn.controller_kind.as_deref());
+        let created = (Kind::Creations, controller);
         let mut pod = PacedPod {
+            controller,
             namespace: namespace.clone(),
             name: churn.name.clone(),
             owner,
@@ -598,9 +685,10 @@ impl<'a> Engine<'a> {
             ready,
             recorded_bind,
             then,
+            net_since: None,
         };
         if !self.opted_in(&namespace) {
-            self.emit(Kind::Creations, now, &namespace, recorded);
+            self.emit(created, now, &namespace, recorded);
             self.start_pod(now, pod, schedule.is_some());
             return;
         }
@@ -614,7 +702,7 @@ impl<'a> Engine<'a> {
         self.fired(mutate.rule.as_deref(), mutate.verdict.label());
         match mutate.verdict {
             Verdict::Gate { .. } => {
-                self.emit(Kind::Creations, now, &namespace, recorded);
+                self.emit(created, now, &namespace, recorded);
                 pod.rule = mutate.rule.as_deref().map(str::to_string);
                 let p = self.pods.len();
                 self.pods.push(pod);
@@ -646,7 +734,7 @@ impl<'a> Engine<'a> {
                 return;
             }
         };
-        self.emit(Kind::Creations, at, &namespace, recorded);
+        self.emit(created, at, &namespace, recorded);
         self.start_pod(at, pod, schedule.is_some());
     }
 
@@ -757,9 +845,10 @@ impl<'a> Engine<'a> {
                 policy: self.policy,
                 now,
                 max_releases: MAX_RELEASES_PER_ROUND,
-                // An audit log does not record when pods got their network: the replay
-                // paces by the rules' rates and maxNotReady, not by the network window.
-                network: None,
+                network: self.net.as_ref().map(|w| NetworkRoom {
+                    in_flight: self.net_in_flight,
+                    window: w.window(),
+                }),
             },
             &mut self.limiter,
             &mut cursor,
@@ -773,6 +862,10 @@ impl<'a> Engine<'a> {
             self.fired(rule.as_deref(), "release");
             if let Some(rule) = &self.pods[p].rule {
                 *self.not_ready.entry(rule.clone()).or_default() += 1;
+            }
+            if self.net.is_some() && self.adaptive(self.pods[p].rule.as_deref()) {
+                self.pods[p].net_since = Some(now);
+                self.net_in_flight += 1;
             }
             let pod = &self.pods[p];
             let binds = pod.recorded_bind.is_some() || matches!(pod.then, After::SetReady(..));
@@ -788,6 +881,10 @@ impl<'a> Engine<'a> {
             i += 1;
             !released[i - 1]
         });
+        if !round.releases.is_empty() {
+            // Fewer pods gated: more room in the network window for a step.
+            self.partition_round(now);
+        }
         if !round.releases.is_empty() && !self.queue.is_empty() {
             // More than one round's worth: the releaser goes on at once.
             self.at(now, Ev::GateWake);
@@ -829,56 +926,49 @@ impl<'a> Engine<'a> {
                 now,
             );
             self.fired(d.rule.as_deref(), d.verdict.label());
-            self.held[s] = matches!(d.verdict, Verdict::HoldPartition { .. });
+            if matches!(d.verdict, Verdict::HoldPartition { .. }) {
+                self.holds[s] = Some(Hold {
+                    rule: d.rule.as_deref().unwrap_or_default().to_string(),
+                    since: now,
+                    steps: 0,
+                    stepped_at: Vec::new(),
+                    released: Released::None,
+                    done: false,
+                });
+                self.partition_round(now);
+                return;
+            }
         }
-        let first = now
-            + if self.held[s] {
-                0
-            } else {
-                self.sets[s].delays.reaction
-            };
+        let first = now + self.sets[s].delays.reaction;
         self.at(first, Ev::SetNext(s, 0));
     }
 
-    /// Step k of set s (held), or the controller's DELETE of its k-th ordinal.
+    /// The controller's DELETE of set s's k-th ordinal, not held: at once.
     fn set_next(&mut self, now: Millis, s: usize, k: usize) {
         if k >= self.sets[s].ordinals.len() {
             return;
         }
-        if self.held[s] {
-            if let Some((rule, events, window)) = self.step_rule.clone() {
-                // The step plan's windows (releaser/partition_plan.rs): a step counts at
-                // its old pod's deletion, and until then from now on, so no window of
-                // deletions holds more than `events` however the controller lags.
-                let in_window = self.steps.iter().filter(|&&t| t + window > now).count();
-                if in_window >= events as usize {
-                    let oldest = self
-                        .steps
-                        .iter()
-                        .filter(|&&t| t + window > now)
-                        .min()
-                        .copied()
-                        .unwrap_or(now);
-                    self.at(oldest + window, Ev::SetNext(s, k));
-                    return;
-                }
-                self.steps.retain(|&t| t + window > now);
-                self.steps.push(now + self.sets[s].delays.reaction);
-                self.fired(Some(&rule), "step");
-                self.emit(
-                    Kind::PartitionSteps,
-                    now,
-                    &self.sets[s].namespace.clone(),
-                    None,
-                );
-            }
+        let t = self.set_delete_pod(now, s, k);
+        let terminate = self.sets[s].delays.terminate;
+        self.at(t + terminate, Ev::SetCreate(s, k));
+    }
+
+    /// The controller's DELETE of the ordinal step k of held set s released; the step
+    /// now counts in the plan's windows at the deletion instead of "now".
+    fn set_delete(&mut self, now: Millis, s: usize, k: usize) {
+        let t = self.set_delete_pod(now, s, k);
+        if let Some(hold) = self.holds[s].as_mut() {
+            hold.released = Released::Starting { at: t };
         }
+        let terminate = self.sets[s].delays.terminate;
+        self.at(t + terminate, Ev::SetCreate(s, k));
+        self.wake_partition(t, now);
+    }
+
+    /// Decides the StatefulSet controller's DELETE of set s's k-th ordinal at `now`; when
+    /// it takes effect.
+    fn set_delete_pod(&mut self, now: Millis, s: usize, k: usize) -> Millis {
         let set = &self.sets[s];
-        let delete_at = if self.held[s] {
-            now + set.delays.reaction
-        } else {
-            now
-        };
         let o = set.ordinals[k];
         let ns = set.namespace.clone();
         let name = format!("{}-{o}", set.name);
@@ -892,17 +982,169 @@ impl<'a> Engine<'a> {
         );
         churn.controller_kind = Some("StatefulSet".into());
         let t = self
-            .decide_at(
-                delete_at,
-                usize::MAX,
-                &churn,
-                Endpoint::Validate,
-                MAX_RETRIES,
-            )
-            .unwrap_or(delete_at);
-        self.emit(Kind::Deletions, t, &ns, recorded);
-        let terminate = self.sets[s].delays.terminate;
-        self.at(t + terminate, Ev::SetCreate(s, k));
+            .decide_at(now, usize::MAX, &churn, Endpoint::Validate, MAX_RETRIES)
+            .unwrap_or(now);
+        self.emit((Kind::Deletions, Controller::StatefulSet), t, &ns, recorded);
+        t
+    }
+
+    fn wake_partition(&mut self, at: Millis, now: Millis) {
+        let at = at.max(now);
+        if self.partition_wake.is_none_or(|w| at < w || w < now) {
+            self.partition_wake = Some(at);
+            self.at(at, Ev::PartitionWake);
+        }
+    }
+
+    /// Pod p's network is up: at its binding, the earliest a Metadata-level log can show
+    /// (it records neither Ready nor PodReadyToStartContainers; the ReplicaSet pods' Ready
+    /// is assumed there too). A step may find room.
+    fn network_ready(&mut self, now: Millis, p: usize) {
+        if self.pods[p].net_since.take().is_none() {
+            return;
+        }
+        self.net_in_flight = self.net_in_flight.saturating_sub(1);
+        self.partition_round(now);
+    }
+
+    /// Whether the rule of this name is adaptive.
+    fn adaptive(&self, rule: Option<&str>) -> bool {
+        rule.is_some_and(|name| {
+            self.policy
+                .rules
+                .iter()
+                .any(|r| r.adaptive && &*r.name == name)
+        })
+    }
+
+    /// The room the network window leaves a step (adaptive partition rules), as the real
+    /// releaser computes it: the window, less the released pods not network-ready, less
+    /// the pods adaptive gate rules still hold (a step's replacement queues behind them).
+    fn partition_room(&self) -> Option<u32> {
+        let window = self.net.as_ref()?.window();
+        let gated = self
+            .queue
+            .iter()
+            .filter(|&&p| self.adaptive(self.pods[p].rule.as_deref()))
+            .count();
+        let taken = u64::from(self.net_in_flight) + gated as u64;
+        Some(u64::from(window).saturating_sub(taken) as u32)
+    }
+
+    /// The held sets as the partition releaser reads them from the cluster.
+    fn held_sets(&self) -> (Vec<usize>, Vec<HeldSet>) {
+        let mut ids = Vec::new();
+        let mut held = Vec::new();
+        for (s, hold) in self.holds.iter().enumerate() {
+            let Some(hold) = hold.as_ref().filter(|h| !h.done) else {
+                continue;
+            };
+            let set = &self.sets[s];
+            let steps = u32::try_from(hold.steps).unwrap_or(u32::MAX);
+            let partition = set.replicas.saturating_sub(steps);
+            let rolled = u32::try_from(set.ordinals.len()).unwrap_or(u32::MAX);
+            ids.push(s);
+            held.push(HeldSet {
+                namespace: set.namespace.clone(),
+                name: set.name.clone(),
+                uid: format!("replay:{}/{}", set.namespace, set.name),
+                resource_version: String::new(),
+                rule: hold.rule.clone(),
+                rolling_update: true,
+                replicas: set.replicas,
+                partition,
+                // The recorded rollout re-created these ordinals: the hold ends there.
+                target: Some(set.replicas.saturating_sub(rolled)),
+                held: Some(partition),
+                stepped_at: hold.stepped_at.clone(),
+                held_since: Some(hold.since),
+                released: hold.released,
+                // The replay's sets roll one ordinal at a time (OrderedReady).
+                earlier: Vec::new(),
+                max_unavailable: 1,
+                nothing_to_roll: false,
+                backoff: false,
+            });
+        }
+        (ids, held)
+    }
+
+    /// One round of the partition releaser: `pacing::partition::plan_steps`, the plan
+    /// the real releaser runs, over the held sets.
+    fn partition_round(&mut self, now: Millis) {
+        let (ids, held) = self.held_sets();
+        if held.is_empty() {
+            return;
+        }
+        let horizon = longest_window(self.policy);
+        self.taken.retain(|t| t.at + horizon > now);
+        let round = plan_steps(&StepInputs {
+            held: &held,
+            records: &self.records,
+            taken: &self.taken,
+            policy: self.policy,
+            now,
+            max_moves: MAX_RELEASES_PER_ROUND,
+            network_room: self.partition_room(),
+        });
+        let mut index = 0;
+        self.records.retain(|_| {
+            index += 1;
+            !round.cleanups.contains(&(index - 1))
+        });
+        for m in round.moves {
+            let s = ids[m.index()];
+            match m {
+                Move::Step { rule, record, .. } => {
+                    let ns = self.sets[s].namespace.clone();
+                    if let Some(rule) = &rule {
+                        self.taken.push(TakenStep {
+                            rule: rule.clone(),
+                            namespace: ns.clone(),
+                            at: now,
+                        });
+                        self.fired(Some(rule), "step");
+                    }
+                    let reaction = self.step_reaction;
+                    let Some(hold) = self.holds[s].as_mut() else {
+                        continue;
+                    };
+                    if let Some(record) = record {
+                        hold.stepped_at = record;
+                    }
+                    let k = hold.steps;
+                    hold.steps += 1;
+                    hold.released = Released::InFlight;
+                    self.emit(
+                        (Kind::PartitionSteps, Controller::StatefulSet),
+                        now,
+                        &ns,
+                        None,
+                    );
+                    if k < self.sets[s].ordinals.len() {
+                        self.at(now + reaction, Ev::SetDelete(s, k));
+                    }
+                }
+                Move::Finish { record, .. } | Move::LetGo { record, .. } => {
+                    let set = &self.sets[s];
+                    if let Some(hold) = self.holds[s].as_mut() {
+                        hold.done = true;
+                        if !record.is_empty() {
+                            self.records.push(Record {
+                                namespace: set.namespace.clone(),
+                                name: set.name.clone(),
+                                uid: format!("replay:{}/{}", set.namespace, set.name),
+                                rule: hold.rule.clone(),
+                                stepped_at: record,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(at) = round.wake_at {
+            self.wake_partition(at, now);
+        }
     }
 
     fn recorded_of(&self, s: usize, kind: Kind, o: u32) -> Option<Millis> {
@@ -960,12 +1202,18 @@ impl<'a> Engine<'a> {
     }
 
     fn set_ready(&mut self, now: Millis, s: usize, k: usize) {
-        let next = if self.held[s] {
-            now
-        } else {
-            now + self.sets[s].delays.reaction
-        };
-        self.at(next, Ev::SetNext(s, k + 1));
+        match self.holds[s].as_mut() {
+            Some(hold) => {
+                if let Released::Starting { at } = hold.released {
+                    hold.released = Released::Settled { at };
+                }
+                self.partition_round(now);
+            }
+            None => {
+                let next = now + self.sets[s].delays.reaction;
+                self.at(next, Ev::SetNext(s, k + 1));
+            }
+        }
     }
 }
 

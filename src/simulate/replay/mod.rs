@@ -168,8 +168,10 @@ pub fn main(opts: &Options, csv: Option<&PathBuf>, plot: Option<&PathBuf>) -> an
         replay.counts.lines as f64 / wall.max(1e-9),
         replay.counts.requests as f64 / wall.max(1e-9)
     );
-    let rows = report::rows(&replay);
+    let mut rows = report::rows(&replay);
     if let Some(path) = csv {
+        // The kinds, then each kind per controller (`starts:StatefulSet`).
+        rows.extend(report::rows_by_controller(&replay));
         std::fs::write(path, report::csv(&rows))?;
         println!("wrote {}", path.display());
     }

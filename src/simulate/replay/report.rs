@@ -1,7 +1,7 @@
 //! The replay's report: what was read (every line accounted for), recorded vs paced per
 //! kind, delays per namespace, rules fired, workloads re-simulated or shifted; CSV, SVG.
 
-use super::attribute::Kind;
+use super::attribute::{Controller, Kind};
 use super::Replay;
 use crate::limiter::Millis;
 use crate::simulate::report::{peak_in_window, percentile, series};
@@ -12,6 +12,8 @@ use std::fmt::Write as _;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub kind: Kind,
+    /// A row of one controller's pods (`kind:Controller` in the CSV); None: all of them.
+    pub controller: Option<Controller>,
     pub events: usize,
     pub paced_events: usize,
     pub recorded_peak: usize,
@@ -57,6 +59,68 @@ pub fn rows(replay: &Replay) -> Vec<Row> {
             let paced = replay.paced.times.get(&kind).cloned().unwrap_or_default();
             Row {
                 kind,
+                controller: None,
+                events: rec.len(),
+                paced_events: paced.len(),
+                recorded_peak: peak_in_window(&rec, replay.window),
+                paced_peak: peak_in_window(&paced, replay.window),
+                recorded_makespan_s: span(&rec),
+                paced_makespan_s: span(&paced),
+            }
+        })
+        .collect()
+}
+
+/// Per kind and controller of the pods, for the kinds and controllers with events: each
+/// rule matches its own controllers, so these are what one rule's limit bounds (the
+/// built-in policy paces StatefulSet and ReplicaSet pods by separate rules).
+pub fn rows_by_controller(replay: &Replay) -> Vec<Row> {
+    let t0 = origin(replay);
+    let span = |v: &[Millis]| v.last().map(|&l| l.saturating_sub(t0) as f64 / 1000.0);
+    let mut recorded: std::collections::BTreeMap<(Kind, Controller), Vec<Millis>> =
+        Default::default();
+    // A binding is the scheduler's: its pod's controller is its creation's.
+    let created: std::collections::HashMap<(&str, &str), Controller> = replay
+        .attributed
+        .events
+        .iter()
+        .filter(|e| e.kind == Kind::Creations && !e.name.is_empty())
+        .map(|e| ((e.namespace.as_str(), e.name.as_str()), e.controller))
+        .collect();
+    for e in &replay.attributed.events {
+        let controller = match e.kind {
+            Kind::PartitionSteps => continue,
+            Kind::Starts => created
+                .get(&(e.namespace.as_str(), e.name.as_str()))
+                .copied()
+                .unwrap_or(e.controller),
+            _ => e.controller,
+        };
+        recorded.entry((e.kind, controller)).or_default().push(e.at);
+    }
+    let mut keys: Vec<(Kind, Controller)> = recorded.keys().copied().collect();
+    keys.extend(
+        replay
+            .paced
+            .by_controller
+            .keys()
+            .filter(|(k, _)| *k != Kind::PartitionSteps),
+    );
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .map(|(kind, controller)| {
+            let mut rec = recorded.remove(&(kind, controller)).unwrap_or_default();
+            rec.sort_unstable();
+            let paced = replay
+                .paced
+                .by_controller
+                .get(&(kind, controller))
+                .cloned()
+                .unwrap_or_default();
+            Row {
+                kind,
+                controller: Some(controller),
                 events: rec.len(),
                 paced_events: paced.len(),
                 recorded_peak: peak_in_window(&rec, replay.window),
@@ -129,7 +193,10 @@ pub fn text(replay: &Replay) -> String {
         "assumed (not in a Metadata-level log): no pod is exempt by priority class or \
          labels, no pod has nodeName set, labels match no excludeLabels; a StatefulSet's \
          replicas = its highest ordinal seen + 1, maxUnavailable 1; a pod with no recorded \
-         binding is Ready when released; ReplicaSet pods are Ready at their binding"
+         binding is Ready when released; ReplicaSet pods are Ready at their binding; a \
+         pod's network is up at its binding and the adaptive rules' network window stays \
+         at minWindow (no network times in the log); a held set's step is acted on after \
+         the fastest reaction measured (write -> first DELETE)"
     );
     let _ = writeln!(
         s,
@@ -231,7 +298,10 @@ pub fn csv(rows: &[Row]) -> String {
         let _ = writeln!(
             s,
             "{},{},{},{},{},{},{}",
-            r.kind.as_str(),
+            match r.controller {
+                None => r.kind.as_str().to_string(),
+                Some(c) => format!("{}:{}", r.kind.as_str(), c.kind_name().unwrap_or("none")),
+            },
             r.events,
             r.paced_events,
             r.recorded_peak,

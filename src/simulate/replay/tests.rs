@@ -590,3 +590,117 @@ proptest::proptest! {
         proptest::prop_assert_eq!(c.requests, a.replayed + dropped);
     }
 }
+
+/// Many short-lived workloads over a long log (20,000 of them, one a second: 5.5 hours):
+/// what the attributor keeps per pod follows the pods in flight within its horizon, not
+/// the log's length. Counted in entries.
+#[test]
+fn per_pod_state_is_bounded_by_the_pods_in_flight() {
+    use super::attribute::{POD_STATE_HORIZON_MS, REPLICASET_CONTROLLER};
+    use super::audit::Request;
+    let request = |what, ns: &str, name: &str, user: &str, from_node, at| Request {
+        what,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        user: user.to_string(),
+        from_node,
+        received: at,
+        stage: at + 5,
+        level: Level::Metadata,
+        owner_kind: None,
+        generate_name: None,
+    };
+    let step: u64 = 1_000;
+    let workloads: u64 = 20_000;
+    let mut a = Attributor::default();
+    let mut most = 0;
+    for w in 0..workloads {
+        let t = 1_000_000 + w * step;
+        let ns = format!("ns-{}", w % 50);
+        let job = format!("job-{w}");
+        let web = format!("web-{w}-x");
+        let rs = REPLICASET_CONTROLLER;
+        for r in [
+            // A pod created by name: bound, deleted, the node's final delete.
+            request(What::PodCreate, &ns, &job, "admin", false, t),
+            request(What::Binding, &ns, &job, "scheduler", false, t + 10),
+            request(What::PodDelete, &ns, &job, "admin", false, t + 500),
+            request(What::PodDelete, &ns, &job, "system:node:n", true, t + 600),
+            // A generateName pod, paired by its binding, then deleted.
+            request(What::PodCreate, &ns, "", rs, false, t + 1),
+            request(What::Binding, &ns, &web, "scheduler", false, t + 20),
+            request(What::PodDelete, &ns, &web, rs, false, t + 700),
+            // A generateName pod never bound.
+            request(What::PodCreate, &ns, "", rs, false, t + 2),
+        ] {
+            a.push(r);
+            most = most.max(a.retained());
+        }
+    }
+    a.finish();
+    // Per second of log, kept for the horizon (plus the second the unnamed ones wait):
+    // two deleted pods (each a state and a horizon entry) and two unnamed creations (a
+    // binding pairs with the oldest one waiting, so the one left is another, one a second).
+    let bound = 6 * (POD_STATE_HORIZON_MS / step + 2) as usize;
+    assert!(
+        most <= bound,
+        "kept {most} entries at most, bound {bound} (the log has {workloads} workloads)"
+    );
+    assert!(
+        workloads as usize * 6 > 10 * bound,
+        "the log is long against the bound"
+    );
+    // Nothing is lost from the counts: every unbound creation is counted as unpaired.
+    assert_eq!(
+        a.unattributed.get(&Unattributed::GenerateNameUnpaired),
+        Some(&workloads)
+    );
+    assert_eq!(
+        a.events.iter().filter(|e| e.kind == Kind::Starts).count() as u64,
+        2 * workloads
+    );
+}
+
+/// The built-in rules are adaptive: a step's replacement pod needs room in the network
+/// window, which the pods adaptive gate rules still hold gated take first (as the real
+/// partition releaser computes it). 40 ReplicaSet pods created just after the rollout's
+/// writes fill it: the steps taken before they came are all until they are all but
+/// released (on the real control plane: 5 steps, then none while a Deployment's 60 pods
+/// were gated; docs/simulator.md).
+#[test]
+fn steps_wait_while_gated_pods_fill_the_network_window() {
+    let rs = attribute::REPLICASET_CONTROLLER;
+    let mut text = heavy_rollout();
+    for i in 0..40u64 {
+        let pod = format!("web-5d9f-{i}");
+        text.push('\n');
+        text += &pod_line("create", "", "t0", &pod, rs, 10 + i);
+        text.push('\n');
+        text += &pod_line(
+            "create",
+            "binding",
+            "t0",
+            &pod,
+            "system:kube-scheduler",
+            60 + i,
+        );
+    }
+    let r = replay_text(&text, &[]);
+    let rs_starts = &r.paced.by_controller[&(Kind::Starts, attribute::Controller::ReplicaSet)];
+    assert_eq!(rs_starts.len(), 40);
+    // The window (minWindow 2) has room for a step only while fewer than 2 are gated.
+    let steps = &r.paced.times[&Kind::PartitionSteps];
+    let (from, until) = (rs_starts[0] + 1, rs_starts[38]);
+    let meanwhile: Vec<_> = steps.iter().filter(|&&t| t > from && t < until).collect();
+    assert!(
+        meanwhile.is_empty(),
+        "steps {meanwhile:?} while ReplicaSet pods were gated ({from}..{until})"
+    );
+    assert!(
+        steps.iter().any(|&t| t <= from),
+        "some steps before the pods came"
+    );
+    let x = row(&r, Kind::PartitionSteps);
+    assert_eq!(x.paced_events, 120);
+    assert!(x.paced_peak <= 20, "{x:?}");
+}
