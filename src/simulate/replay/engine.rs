@@ -181,7 +181,7 @@ pub struct Engine<'a> {
     /// (measured: up to 2.4 s for the last of 24), steps reach it one set at a time.
     step_reaction: Millis,
     /// The adaptive rules' shared network window (None: no adaptive rule), at its start
-    /// (`minWindow`) throughout: an audit log has no network times to move it, and the
+    /// (`INITIAL_WINDOW` within the policy's bounds) throughout: an audit log has no network times to move it, and the
     /// replay's delays are medians, without the spread that stops the real window's
     /// slow start (on kwok's fast pods it went 2 -> 10 in 90 s; fed the replay's constant
     /// delays it would grow by one a pod).
@@ -1027,8 +1027,11 @@ impl<'a> Engine<'a> {
             .iter()
             .filter(|&&p| self.adaptive(self.pods[p].rule.as_deref()))
             .count();
-        let taken = u64::from(self.net_in_flight) + gated as u64;
-        Some(u64::from(window).saturating_sub(taken) as u32)
+        let room = NetworkRoom {
+            in_flight: self.net_in_flight,
+            window,
+        };
+        Some(room.for_steps(u32::try_from(gated).unwrap_or(u32::MAX)))
     }
 
     /// The held sets as the partition releaser reads them from the cluster.

@@ -195,7 +195,7 @@ pub fn text(replay: &Replay) -> String {
          replicas = its highest ordinal seen + 1, maxUnavailable 1; a pod with no recorded \
          binding is Ready when released; ReplicaSet pods are Ready at their binding; a \
          pod's network is up at its binding and the adaptive rules' network window stays \
-         at minWindow (no network times in the log); a held set's step is acted on after \
+         at its start, 4 pods (no network times in the log); a held set's step is acted on after \
          the fastest reaction measured (write -> first DELETE)"
     );
     let _ = writeln!(

@@ -688,13 +688,21 @@ fn steps_wait_while_gated_pods_fill_the_network_window() {
     let r = replay_text(&text, &[]);
     let rs_starts = &r.paced.by_controller[&(Kind::Starts, attribute::Controller::ReplicaSet)];
     assert_eq!(rs_starts.len(), 40);
-    // The window (minWindow 2) has room for a step only while fewer than 2 are gated.
+    // The window (its start, 4; network up at the binding) has room for a step only
+    // while fewer than STEP_ROOM_GAIN x 4 = 16 pods are gated: none while the 40 gated
+    // ReplicaSet pods are released down to 16, steps again once fewer wait.
+    let room =
+        (crate::pacing::network::STEP_ROOM_GAIN * crate::pacing::network::INITIAL_WINDOW) as usize;
     let steps = &r.paced.times[&Kind::PartitionSteps];
-    let (from, until) = (rs_starts[0] + 1, rs_starts[38]);
+    let (from, until) = (rs_starts[0] + 1, rs_starts[40 - room - 1]);
     let meanwhile: Vec<_> = steps.iter().filter(|&&t| t > from && t < until).collect();
     assert!(
         meanwhile.is_empty(),
-        "steps {meanwhile:?} while ReplicaSet pods were gated ({from}..{until})"
+        "steps {meanwhile:?} while {room} or more ReplicaSet pods were gated ({from}..{until})"
+    );
+    assert!(
+        steps.iter().any(|&t| t > until && t < rs_starts[39]),
+        "steps once fewer than {room} wait, before the last release"
     );
     assert!(
         steps.iter().any(|&t| t <= from),
