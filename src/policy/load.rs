@@ -905,6 +905,48 @@ mod tests {
                 "minWindow must be at least 1",
             ),
             (
+                "malformed cron expression",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * *\"\n        duration: 8h\n        limit: {{ events: 0 }}\n"),
+                7,
+                "schedules[0]: schedule \"0 9 * *\": \"0 9 * *\" has 4 fields",
+            ),
+            (
+                "second window's cron out of range",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 0 }}\n      - schedule: \"0 25 * * *\"\n        duration: 1h\n        limit: {{ events: 9 }}\n"),
+                10,
+                "schedules[1]: schedule \"0 25 * * *\": hour field: 25 is out of range 0-23",
+            ),
+            (
+                "unknown time zone",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlinn\n        duration: 8h\n        limit: {{ events: 0 }}\n"),
+                8,
+                "unknown time zone \"Europe/Berlinn\"",
+            ),
+            (
+                "window without a duration",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        limit: {{ events: 0 }}\n"),
+                7,
+                "schedules[0] has no duration",
+            ),
+            (
+                "burst in a pause",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 0, burst: 1 }}\n"),
+                9,
+                "events: 0 is a pause",
+            ),
+            (
+                "window and scope stay the rule's",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 3, window: 1m }}\n"),
+                9,
+                "unknown field `window`",
+            ),
+            (
+                "maxNotReady in a window of a retry-after rule",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 3 }}\n        maxNotReady: 4\n"),
+                10,
+                "maxNotReady applies to gate and partition",
+            ),
+            (
                 "unknown key under network",
                 format!("network:\n  window: 5\n{GATE}"),
                 2,
@@ -921,6 +963,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn schedules_load_with_their_defaults() {
+        let yaml = format!(
+            "{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlin\n        \
+             duration: 8h\n        limit: {{ events: 0 }}\n      - schedule: \"0 1 * * *\"\n        \
+             duration: 3h\n        limit: {{ events: 50, burst: 5 }}\n"
+        );
+        let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+        let windows = &policy.rules[0].schedules;
+        assert_eq!(windows.len(), 2);
+        assert_eq!(windows[0].zone_name, "Europe/Berlin");
+        assert_eq!((windows[0].events, windows[0].burst), (0, None));
+        assert_eq!(windows[1].zone_name, "UTC");
+        assert_eq!(windows[1].duration, Duration::from_secs(3 * 3600));
+        assert_eq!((windows[1].events, windows[1].burst), (50, Some(5)));
+        // The built-in policy has none.
+        assert!(Policy::builtin().rules.iter().all(|r| r.schedules.is_empty()));
     }
 
     #[test]
