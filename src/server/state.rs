@@ -159,10 +159,12 @@ impl AppState {
             .set(policy.rules.len() as i64);
     }
 
-    /// The policy the webhook decides with: the policy in force, scaled by this replica's
-    /// share of the global budget (src/budget). The releaser uses `policy()`, unscaled.
-    pub fn decision_policy(&self) -> Arc<Policy> {
-        let policy = self.policy();
+    /// The policy the webhook decides with at `now`: the policy with the limits in force
+    /// then (its schedule windows: `PolicyCell::in_force`), scaled by this replica's share
+    /// of the global budget (src/budget), so a window's figures are split across replicas
+    /// like the rule's own. The releaser uses the limits in force, unscaled.
+    pub fn decision_policy(&self, now: Millis) -> Arc<Policy> {
+        let policy = self.policy.in_force(now);
         let share = self.share();
         let role = self.gate_role();
         // Without a releaser in this process nobody here sizes the network window: the
