@@ -264,3 +264,70 @@ fn fires_at(w: &ScheduleWindow, t: Millis) -> bool {
             && w.zone.to_ambiguous_timestamp(dt).compatible().ok() == Some(ts)
     })
 }
+
+/// The limiter keeps its charges when the events in force change: a higher limit counts
+/// what was charged under the lower one, a lower one what was charged under the higher,
+/// and a pause (nothing charged) earns no more than the burst after it.
+#[test]
+fn a_change_of_limit_keeps_the_charged_history_and_a_pause_earns_no_burst() {
+    use crate::limiter::{Ask, Identity, Limiter, Outcome};
+    let yaml = "rules:\n  - name: r\n    match: { resources: [pods], operations: [DELETE] }\n    \
+                limit: { events: 10, burst: 10, window: 10s }\n    action: retry-after\n    schedules:\n\
+                \x20     - { schedule: \"0 1 * * *\", duration: 1h, limit: { events: 50, burst: 50 } }\n\
+                \x20     - { schedule: \"0 3 * * *\", duration: 1h, limit: { events: 0 } }\n\
+                \x20     - { schedule: \"0 5 * * *\", duration: 1h, limit: { events: 2 } }\n";
+    let policy = Policy::from_yaml(yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+    let mut limiter = Limiter::new(1_000);
+    // How many of `tries` the limits in force at `now` admit at once, and the last answer.
+    let mut admit = |now: Millis, tries: usize| -> (usize, Outcome) {
+        let (in_force, _) = policy_in_force(&policy, now);
+        let rule = &in_force.rules[0];
+        assert_eq!(rule.paused_at(now), None, "not paused at {now}");
+        let mut admitted = 0;
+        let mut last = Outcome::Admitted;
+        for i in 0..tries {
+            let identity = Identity::Exact(format!("{now}-{i}"));
+            last = limiter.acquire(
+                &Ask {
+                    rule: &rule.name,
+                    limits: &rule.limits,
+                    namespace: "ns",
+                    owner: None,
+                    identity: &identity,
+                    cost: 1,
+                    reserve: false,
+                    dry_run: false,
+                    max_reserved_per_namespace: 1_000,
+                    align_beyond: None,
+                },
+                now,
+            );
+            if last == Outcome::Admitted {
+                admitted += 1;
+            }
+        }
+        (admitted, last)
+    };
+    // 00:59:55, the rule's 10 per 10 s.
+    assert_eq!(admit(at("2026-12-07T00:59:55Z"), 20).0, 10);
+    // 01:00:00, the window's 50: the 10 charged five seconds ago still count.
+    assert_eq!(admit(at("2026-12-07T01:00:00Z"), 100).0, 40);
+    // 01:59:58: 50 at once, then back to 10 at 02:00:00: those 50 hold it until they
+    // leave the window, at 02:00:08.
+    assert_eq!(admit(at("2026-12-07T01:59:58Z"), 100).0, 50);
+    let (admitted, last) = admit(at("2026-12-07T02:00:00Z"), 1);
+    assert_eq!(admitted, 0);
+    assert!(
+        matches!(last, Outcome::Refused { retry_at, .. } if retry_at == at("2026-12-07T02:00:08Z")),
+        "{last:?}"
+    );
+    // 03:00 to 04:00 paused: nothing is charged (the decisions answer before the limiter).
+    let (paused, _) = policy_in_force(&policy, at("2026-12-07T03:30:00Z"));
+    assert_eq!(
+        paused.rules[0].paused_at(at("2026-12-07T03:30:00Z")),
+        Some(at("2026-12-07T04:00:00Z"))
+    );
+    // 05:00, 2 per 10 s (burst 2): after the pause and the quiet hours, 2 at once, no more.
+    assert_eq!(admit(at("2026-12-07T05:00:00Z"), 20).0, 2);
+    assert_eq!(admit(at("2026-12-07T05:00:01Z"), 20).0, 0);
+}
