@@ -11,7 +11,8 @@
 //! what it allows after any quiet spell, never more.
 
 use crate::limiter::Millis;
-use crate::policy::{Limit, Policy, Rule, ScheduleWindow};
+use crate::names::{format_pause_end, format_time};
+use crate::policy::{format_duration, Limit, Policy, Rule, ScheduleWindow};
 
 /// Why the limits in force are what they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -320,6 +321,106 @@ pub fn next_changes(policy: &Policy, now: Millis, count: usize) -> Vec<Change> {
     out.sort_by(|a, b| (a.at, &a.rule).cmp(&(b.at, &b.rule)));
     out.truncate(count);
     out
+}
+
+/// What is in force, in words: "pause until T", or the limits (and maxNotReady).
+pub fn describe_in_force(in_force: &InForce) -> String {
+    if let Some(until) = in_force.paused_until {
+        return format!("paused until {}", format_pause_end(until));
+    }
+    let limits: Vec<String> = in_force
+        .limits
+        .iter()
+        .map(|l| format!("{l}, burst {}", l.burst))
+        .collect();
+    let mut text = limits.join(" and ");
+    if let Some(m) = in_force.max_not_ready {
+        text.push_str(&format!(", maxNotReady {m}"));
+    }
+    text
+}
+
+fn describe_window(window: &ScheduleWindow) -> String {
+    let figures = if window.events == 0 {
+        "pause".to_string()
+    } else {
+        let mut f = format!("{} events", window.events);
+        if let Some(b) = window.burst {
+            f.push_str(&format!(", burst {b}"));
+        }
+        if let Some(m) = window.max_not_ready {
+            f.push_str(&format!(", maxNotReady {m}"));
+        }
+        f
+    };
+    format!(
+        "{:?} {} for {}: {figures}",
+        window.schedule,
+        window.zone_name,
+        format_duration(window.duration)
+    )
+}
+
+/// For `check-config`: each rule's windows, what is in force at `now` and the next
+/// `count` changes (lines to print); and the warnings (a window that never closes).
+pub fn describe(policy: &Policy, now: Millis, count: usize) -> (Vec<String>, Vec<String>) {
+    let mut lines = Vec::new();
+    let mut warnings = Vec::new();
+    if !has_schedules(policy) {
+        return (lines, warnings);
+    }
+    lines.push(format!("schedules (at {}):", format_time(now)));
+    for rule in policy.rules.iter().filter(|r| !r.schedules.is_empty()) {
+        let in_force = limit_in_force(rule, &[], now);
+        lines.push(format!(
+            "  {}: in force now: {} ({})",
+            rule.name,
+            describe_in_force(&in_force),
+            source_words(rule, in_force.source)
+        ));
+        for (i, window) in rule.schedules.iter().enumerate() {
+            lines.push(format!("    schedules[{i}] {}", describe_window(window)));
+            if window.always_open(now) {
+                warnings.push(format!(
+                    "rule {:?}: schedules[{i}] ({:?} for {}) lasts longer than the time between its \
+                     starts: it is always open",
+                    rule.name,
+                    window.schedule,
+                    format_duration(window.duration)
+                ));
+            }
+        }
+    }
+    let changes = next_changes(policy, now, count);
+    if changes.is_empty() {
+        lines.push("next changes: none within 400 days".to_string());
+    } else {
+        lines.push("next changes:".to_string());
+    }
+    for change in changes {
+        let rule = policy.rules.iter().find(|r| *r.name == *change.rule);
+        let source = rule.map_or_else(String::new, |r| source_words(r, change.in_force.source));
+        lines.push(format!(
+            "  {}  {}: {} ({source})",
+            format_time(change.at),
+            change.rule,
+            describe_in_force(&change.in_force)
+        ));
+    }
+    (lines, warnings)
+}
+
+/// Where the limits in force come from, in words.
+pub fn source_words(rule: &Rule, source: Source) -> String {
+    match source {
+        Source::Rule => "the rule's own".to_string(),
+        Source::Schedule { window } => match rule.schedules.get(window) {
+            Some(w) => format!("schedules[{window}] {:?} {}", w.schedule, w.zone_name),
+            None => format!("schedules[{window}]"),
+        },
+        Source::Override => "an override".to_string(),
+        Source::Pause => "a pause".to_string(),
+    }
 }
 
 #[cfg(test)]
