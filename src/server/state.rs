@@ -130,6 +130,10 @@ impl AppState {
         self.metrics.limiter.window_limit.reset();
         self.metrics.limiter.window_usage.reset();
         self.metrics.limiter.rule_spacing.reset();
+        self.metrics.limiter.limit_in_force.reset();
+        self.metrics.limiter.rule_paused.reset();
+        self.metrics.limiter.limit_source.reset();
+        self.publish_in_force(&policy, now_millis());
         for rule in &policy.rules {
             let events = rule.limits.first().map(|l| l.events).unwrap_or(0);
             let spacing = rule
@@ -243,9 +247,37 @@ impl AppState {
         self.metrics.server.ready.set(i64::from(self.is_ready()));
     }
 
+    /// The limit in force per rule, whether it is paused, and where the limit comes from.
+    fn publish_in_force(&self, policy: &Policy, now: Millis) {
+        use crate::pacing::schedule::{limit_in_force, Source};
+        let m = &self.metrics.limiter;
+        for rule in &policy.rules {
+            let in_force = limit_in_force(rule, &[], now);
+            let name: &str = &rule.name;
+            m.limit_in_force
+                .with_label_values(&[name])
+                .set(i64::from(in_force.events()));
+            m.rule_paused
+                .with_label_values(&[name])
+                .set(i64::from(in_force.paused_until.is_some()));
+            // A window of events: 0 is a pause; its source label says so.
+            let source = if in_force.paused_until.is_some() {
+                Source::Pause
+            } else {
+                in_force.source
+            };
+            for label in ["rule", "schedule", "override", "pause"] {
+                m.limit_source
+                    .with_label_values(&[name, label])
+                    .set(i64::from(source.label() == label));
+            }
+        }
+    }
+
     /// Sweeps the limiter and publishes its gauges.
     pub fn sweep(&self, now: Millis) {
         self.publish_budget();
+        self.publish_in_force(&self.policy(), now);
         let usage = self.limiter().sweep(now);
         self.metrics.limiter.buckets.set(usage.buckets as i64);
         self.metrics
