@@ -132,8 +132,7 @@ impl PolicyCell {
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Some(c) = cache.as_ref() {
-            if Arc::ptr_eq(&c.source, &policy) && c.from <= now && c.until.is_none_or(|u| now < u)
-            {
+            if Arc::ptr_eq(&c.source, &policy) && c.from <= now && c.until.is_none_or(|u| now < u) {
                 return (c.policy.clone(), c.until);
             }
         }

@@ -890,7 +890,10 @@ fn a_paused_rule_answers_every_action_without_charging() {
             long,
             "pod-delete-running",
             Endpoint::Validate,
-            Verdict::RetryAfter { seconds: 60, slot: now + 60_000 },
+            Verdict::RetryAfter {
+                seconds: 60,
+                slot: now + 60_000,
+            },
             "paused by its schedule until",
         ),
         (
@@ -898,7 +901,10 @@ fn a_paused_rule_answers_every_action_without_charging() {
             20_500,
             "pod-delete-running",
             Endpoint::Validate,
-            Verdict::RetryAfter { seconds: 21, slot: now + 20_500 },
+            Verdict::RetryAfter {
+                seconds: 21,
+                slot: now + 20_500,
+            },
             "retry after 21s",
         ),
         (
@@ -921,7 +927,10 @@ fn a_paused_rule_answers_every_action_without_charging() {
         let message = decision.message.unwrap_or_default();
         assert!(message.contains(needle), "{case}: {message}");
         if matches!(expected, Verdict::Deny { .. }) {
-            assert!(message.contains(&format_time(now + left)), "{case}: {message}");
+            assert!(
+                message.contains(&format_time(now + left)),
+                "{case}: {message}"
+            );
         }
         assert_eq!(limiter.reservation_count(), 0, "{case}: nothing reserved");
         // Nothing charged: once the pause is over the first request fits at once.
@@ -929,7 +938,13 @@ fn a_paused_rule_answers_every_action_without_charging() {
         for rule in &mut resumed.rules {
             rule.paused_until = None;
         }
-        let after = decide(&fixture(name), *endpoint, &resumed, &mut limiter, now + left);
+        let after = decide(
+            &fixture(name),
+            *endpoint,
+            &resumed,
+            &mut limiter,
+            now + left,
+        );
         assert_eq!(after.verdict, Verdict::Admitted, "{case}: after the pause");
     }
     // Gate: every pod gated, even with room; a bound pod and what is never paced pass.
@@ -938,19 +953,38 @@ fn a_paused_rule_answers_every_action_without_charging() {
         rule.paused_until = Some(now + long);
     }
     let mut limiter = Limiter::new(1_000);
-    let gated = decide(&fixture("pod-create-replicaset"), Endpoint::Mutate, &policy, &mut limiter, now);
+    let gated = decide(
+        &fixture("pod-create-replicaset"),
+        Endpoint::Mutate,
+        &policy,
+        &mut limiter,
+        now,
+    );
     assert_eq!(gated.verdict.label(), "gate");
-    assert!(gated.message.unwrap_or_default().contains("paused by its schedule until"));
+    assert!(gated
+        .message
+        .unwrap_or_default()
+        .contains("paused by its schedule until"));
     for (name, endpoint, label) in [
         ("pod-create-bound", Endpoint::Mutate, "allow"),
         ("pod-delete-terminating", Endpoint::Validate, "pass"),
-        ("pod-delete-namespace-teardown", Endpoint::Validate, "exempt"),
+        (
+            "pod-delete-namespace-teardown",
+            Endpoint::Validate,
+            "exempt",
+        ),
         ("statefulset-template-change", Endpoint::Mutate, "partition"),
     ] {
         let d = decide(&fixture(name), endpoint, &policy, &mut limiter, now);
         assert_eq!(d.verdict.label(), label, "{name}");
     }
     // A pause that has ended is no pause.
-    let d = decide(&fixture("pod-eviction"), Endpoint::Validate, &policy, &mut limiter, now + long);
+    let d = decide(
+        &fixture("pod-eviction"),
+        Endpoint::Validate,
+        &policy,
+        &mut limiter,
+        now + long,
+    );
     assert_eq!(d.verdict, Verdict::Admitted);
 }

@@ -12,8 +12,7 @@
 
 use super::report::{
     fullest_window, rule_line, seconds_until, Cluster, GatedPod, Leader, Report, RuleStatus,
-    ScheduleStatus,
-    API_VERSION, KIND,
+    ScheduleStatus, API_VERSION, KIND,
 };
 use super::sets::held_part;
 use crate::limiter::{Limiter, Millis};

@@ -196,7 +196,10 @@ fn schedules(report: &Report) -> String {
             out.push_str("\nschedules:\n");
         }
         let state = if s.paused { "PAUSED: " } else { "" };
-        out.push_str(&format!("  {}: {state}{} ({})", r.name, s.in_force, s.source));
+        out.push_str(&format!(
+            "  {}: {state}{} ({})",
+            r.name, s.in_force, s.source
+        ));
         match (&s.next_change, s.next_change_in_seconds, &s.next_in_force) {
             (Some(at), Some(secs), Some(next)) => out.push_str(&format!(
                 "; next change in {} ({at}): {next}\n",

@@ -107,10 +107,16 @@ fn status_shows_the_schedule_window_in_force_and_the_next_change() {
     let gate = rule("deploy-creates");
     let schedule = gate.schedule.unwrap_or_else(|| panic!("a schedule"));
     assert!(schedule.paused);
-    assert_eq!(schedule.paused_until.as_deref(), Some("2026-12-06T11:00:00.000Z"));
+    assert_eq!(
+        schedule.paused_until.as_deref(),
+        Some("2026-12-06T11:00:00.000Z")
+    );
     assert_eq!(schedule.in_force, "paused until 2026-12-06T11:00:00.000Z");
     assert_eq!(schedule.source, "schedules[0] \"0 9 * * *\" UTC");
-    assert_eq!(schedule.next_change.as_deref(), Some("2026-12-06T11:00:00.000Z"));
+    assert_eq!(
+        schedule.next_change.as_deref(),
+        Some("2026-12-06T11:00:00.000Z")
+    );
     assert_eq!(schedule.next_change_in_seconds, Some(3600.0));
     assert_eq!(
         schedule.next_in_force.as_deref(),
@@ -119,7 +125,9 @@ fn status_shows_the_schedule_window_in_force_and_the_next_change() {
     assert_eq!(rule("sts-rollouts").schedule, None);
     let text = human(&report);
     assert!(
-        text.contains("schedules:\n  deploy-creates: PAUSED: paused until 2026-12-06T11:00:00.000Z"),
+        text.contains(
+            "schedules:\n  deploy-creates: PAUSED: paused until 2026-12-06T11:00:00.000Z"
+        ),
         "{text}"
     );
     // A window of 2 events: the rule's window figures follow it.

@@ -913,8 +913,15 @@ fn a_paused_rule_lifts_no_gate_until_its_pause_ends() {
     let plan = run(&paused, &pods, &[], &mut limiter, &mut cursor, 1_000);
     assert_eq!(names(&pods, &plan), vec!["b/q1"]);
     assert_eq!(plan.wake_at, Some(60_000));
-    let waiting: Vec<_> = plan.waiting.iter().map(|w| (&*w.rule, w.pods, w.blocked)).collect();
-    assert_eq!(waiting, vec![("pods", 2, Blocked::Paused { until: 60_000 })]);
+    let waiting: Vec<_> = plan
+        .waiting
+        .iter()
+        .map(|w| (&*w.rule, w.pods, w.blocked))
+        .collect();
+    assert_eq!(
+        waiting,
+        vec![("pods", 2, Blocked::Paused { until: 60_000 })]
+    );
     // At the end of the pause the rule's burst goes, no more.
     let plan = run(&paused, &pods[..2], &[], &mut limiter, &mut cursor, 60_000);
     assert_eq!(names(&pods, &plan), vec!["a/p1", "a/p2"]);

@@ -4,5 +4,5 @@
 pub mod gate;
 pub mod network;
 pub mod partition;
-pub mod schedule;
 mod partition_windows;
+pub mod schedule;

@@ -295,7 +295,9 @@ pub enum Blocked {
     Network,
     /// The rule is paused (a schedule window of `events: 0`) until then (u64::MAX: no end
     /// in sight).
-    Paused { until: Millis },
+    Paused {
+        until: Millis,
+    },
 }
 
 /// Sets of one rule in one namespace that could step but wait for the rule.

@@ -224,7 +224,11 @@ pub fn limit_in_force(rule: &Rule, adjustments: &[Adjustment], now: Millis) -> I
             limits: lay_over(&rule.limits, figures),
             max_not_ready: figures.max_not_ready.or(rule.max_not_ready),
             paused_until: (figures.events == 0).then_some(Millis::MAX),
-            source: if figures.events == 0 { Source::Pause } else { Source::Override },
+            source: if figures.events == 0 {
+                Source::Pause
+            } else {
+                Source::Override
+            },
             ..base
         };
     }
@@ -306,9 +310,15 @@ pub fn next_changes(policy: &Policy, now: Millis, count: usize) -> Vec<Change> {
             let Some(at) = last.next_change else { break };
             let in_force = limit_in_force(rule, &[], at);
             // Occurrences that join, or windows that swap with equal figures, are no change.
-            if (&in_force.limits, in_force.max_not_ready, in_force.paused_until.is_some())
-                != (&last.limits, last.max_not_ready, last.paused_until.is_some())
-            {
+            if (
+                &in_force.limits,
+                in_force.max_not_ready,
+                in_force.paused_until.is_some(),
+            ) != (
+                &last.limits,
+                last.max_not_ready,
+                last.paused_until.is_some(),
+            ) {
                 out.push(Change {
                     at,
                     rule: rule.name.to_string(),

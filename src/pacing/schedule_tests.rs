@@ -21,25 +21,97 @@ fn rule_with(schedules: &str) -> Rule {
 /// The issue's example: weekdays 09:00-17:00 Berlin paused, nightly 01:00-04:00 UTC at 50.
 const EXAMPLE: &str = "      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlin\n        duration: 8h\n        limit: { events: 0 }\n      - schedule: \"0 1 * * *\"\n        duration: 3h\n        limit: { events: 50 }\n        maxNotReady: 400\n";
 
+/// (now, events in force, source, paused until, maxNotReady, next change)
+type Expected = (
+    &'static str,
+    u32,
+    Source,
+    Option<&'static str>,
+    Option<u32>,
+    &'static str,
+);
+
 #[test]
 fn the_issue_example_over_a_day() {
     let rule = rule_with(EXAMPLE);
-    // (now, events in force, source, paused until, maxNotReady, next change)
-    let cases: &[(&str, u32, Source, Option<&str>, Option<u32>, &str)] = &[
+    let cases: &[Expected] = &[
         // Monday 7 December 2026, 00:30Z: nothing open.
-        ("2026-12-07T00:30:00Z", 10, Source::Rule, None, Some(100), "2026-12-07T01:00:00Z"),
+        (
+            "2026-12-07T00:30:00Z",
+            10,
+            Source::Rule,
+            None,
+            Some(100),
+            "2026-12-07T01:00:00Z",
+        ),
         // 01:00Z to 04:00Z: the nightly window.
-        ("2026-12-07T01:00:00Z", 50, Source::Schedule { window: 1 }, None, Some(400), "2026-12-07T04:00:00Z"),
-        ("2026-12-07T03:59:59Z", 50, Source::Schedule { window: 1 }, None, Some(400), "2026-12-07T04:00:00Z"),
-        ("2026-12-07T04:00:00Z", 10, Source::Rule, None, Some(100), "2026-12-07T08:00:00Z"),
+        (
+            "2026-12-07T01:00:00Z",
+            50,
+            Source::Schedule { window: 1 },
+            None,
+            Some(400),
+            "2026-12-07T04:00:00Z",
+        ),
+        (
+            "2026-12-07T03:59:59Z",
+            50,
+            Source::Schedule { window: 1 },
+            None,
+            Some(400),
+            "2026-12-07T04:00:00Z",
+        ),
+        (
+            "2026-12-07T04:00:00Z",
+            10,
+            Source::Rule,
+            None,
+            Some(100),
+            "2026-12-07T08:00:00Z",
+        ),
         // 09:00 Berlin (CET) = 08:00Z: paused until 16:00Z.
-        ("2026-12-07T08:00:00Z", 0, Source::Schedule { window: 0 }, Some("2026-12-07T16:00:00Z"), Some(100), "2026-12-07T16:00:00Z"),
-        ("2026-12-07T15:00:00Z", 0, Source::Schedule { window: 0 }, Some("2026-12-07T16:00:00Z"), Some(100), "2026-12-07T16:00:00Z"),
-        ("2026-12-07T16:00:00Z", 10, Source::Rule, None, Some(100), "2026-12-08T01:00:00Z"),
+        (
+            "2026-12-07T08:00:00Z",
+            0,
+            Source::Schedule { window: 0 },
+            Some("2026-12-07T16:00:00Z"),
+            Some(100),
+            "2026-12-07T16:00:00Z",
+        ),
+        (
+            "2026-12-07T15:00:00Z",
+            0,
+            Source::Schedule { window: 0 },
+            Some("2026-12-07T16:00:00Z"),
+            Some(100),
+            "2026-12-07T16:00:00Z",
+        ),
+        (
+            "2026-12-07T16:00:00Z",
+            10,
+            Source::Rule,
+            None,
+            Some(100),
+            "2026-12-08T01:00:00Z",
+        ),
         // Saturday 12 December, noon: no business hours; next is the nightly window.
-        ("2026-12-12T12:00:00Z", 10, Source::Rule, None, Some(100), "2026-12-13T01:00:00Z"),
+        (
+            "2026-12-12T12:00:00Z",
+            10,
+            Source::Rule,
+            None,
+            Some(100),
+            "2026-12-13T01:00:00Z",
+        ),
         // Summer (CEST, UTC+2): 09:00 Berlin = 07:00Z.
-        ("2026-07-06T07:00:00Z", 0, Source::Schedule { window: 0 }, Some("2026-07-06T15:00:00Z"), Some(100), "2026-07-06T15:00:00Z"),
+        (
+            "2026-07-06T07:00:00Z",
+            0,
+            Source::Schedule { window: 0 },
+            Some("2026-07-06T15:00:00Z"),
+            Some(100),
+            "2026-07-06T15:00:00Z",
+        ),
     ];
     for (now, events, source, paused, mnr, next) in cases {
         let f = limit_in_force(&rule, &[], at(now));
@@ -76,7 +148,11 @@ fn a_window_longer_than_its_period_is_always_in_force() {
     let rule = rule_with(
         "      - schedule: \"0 * * * *\"\n        duration: 2h\n        limit: { events: 3 }\n",
     );
-    for now in ["2026-12-07T00:00:00Z", "2026-12-07T13:17:00Z", "2027-03-28T01:59:59Z"] {
+    for now in [
+        "2026-12-07T00:00:00Z",
+        "2026-12-07T13:17:00Z",
+        "2027-03-28T01:59:59Z",
+    ] {
         let f = limit_in_force(&rule, &[], at(now));
         assert_eq!(f.events(), 3, "{now}");
         assert_eq!(f.next_change, None, "{now}");
@@ -145,7 +221,10 @@ fn next_changes_of_a_policy() {
         ..Policy::builtin()
     };
     let changes = next_changes(&policy, at("2026-12-07T00:30:00Z"), 4);
-    let got: Vec<(Millis, u32)> = changes.iter().map(|c| (c.at, c.in_force.events())).collect();
+    let got: Vec<(Millis, u32)> = changes
+        .iter()
+        .map(|c| (c.at, c.in_force.events()))
+        .collect();
     assert_eq!(
         got,
         vec![
@@ -156,7 +235,10 @@ fn next_changes_of_a_policy() {
         ]
     );
     let (in_force, next) = policy_in_force(&policy, at("2026-12-07T09:00:00Z"));
-    assert_eq!(in_force.rules[0].paused_at(at("2026-12-07T09:00:00Z")), Some(at("2026-12-07T16:00:00Z")));
+    assert_eq!(
+        in_force.rules[0].paused_at(at("2026-12-07T09:00:00Z")),
+        Some(at("2026-12-07T16:00:00Z"))
+    );
     assert_eq!(next, Some(at("2026-12-07T16:00:00Z")));
     // The built-in policy has no schedules and comes back as it is.
     let builtin = Policy::builtin();
@@ -260,8 +342,7 @@ fn fires_at(w: &ScheduleWindow, t: Millis) -> bool {
         candidates.push(dt);
     }
     candidates.into_iter().any(|dt| {
-        w.cron.matches_wall(dt)
-            && w.zone.to_ambiguous_timestamp(dt).compatible().ok() == Some(ts)
+        w.cron.matches_wall(dt) && w.zone.to_ambiguous_timestamp(dt).compatible().ok() == Some(ts)
     })
 }
 

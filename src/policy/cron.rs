@@ -80,11 +80,7 @@ const WEEKDAY: Field = Field {
 
 impl Field {
     fn value(&self, text: &str) -> Result<u32, CronError> {
-        if let Some(i) = self
-            .names
-            .iter()
-            .position(|n| n.eq_ignore_ascii_case(text))
-        {
+        if let Some(i) = self.names.iter().position(|n| n.eq_ignore_ascii_case(text)) {
             // Month names count from 1, weekday names from 0 (Sunday).
             return Ok(i as u32 + if self.min == 1 { 1 } else { 0 });
         }
@@ -387,11 +383,7 @@ mod tests {
         let z = berlin();
         // 29 March 2026: 02:00 CET jumps to 03:00 CEST; 02:30 does not exist.
         let c = Cron::parse("30 2 * * *").unwrap_or_else(|e| panic!("{e}"));
-        let fire = c.next_fire(
-            &z,
-            ts("2026-03-28T12:00:00Z"),
-            ts("2026-04-01T00:00:00Z"),
-        );
+        let fire = c.next_fire(&z, ts("2026-03-28T12:00:00Z"), ts("2026-04-01T00:00:00Z"));
         // 03:30 CEST = 01:30Z.
         assert_eq!(fire, Some(ts("2026-03-29T01:30:00Z")));
         // The day after: 02:30 CEST = 00:30Z.
@@ -399,20 +391,12 @@ mod tests {
         assert_eq!(fire, Some(ts("2026-03-30T00:30:00Z")));
         // 25 October 2026: 03:00 CEST falls back to 02:00 CET; 02:30 happens twice, and
         // fires at the first (00:30Z), not at the second (01:30Z).
-        let fire = c.next_fire(
-            &z,
-            ts("2026-10-24T12:00:00Z"),
-            ts("2026-10-27T00:00:00Z"),
-        );
+        let fire = c.next_fire(&z, ts("2026-10-24T12:00:00Z"), ts("2026-10-27T00:00:00Z"));
         assert_eq!(fire, Some(ts("2026-10-25T00:30:00Z")));
         let after = c.next_fire(&z, ts("2026-10-25T00:30:00Z"), ts("2026-10-27T00:00:00Z"));
         assert_eq!(after, Some(ts("2026-10-26T01:30:00Z")));
         // Seen from the second 02:40 (01:40Z), the latest fire is the first 02:30.
-        let prev = c.prev_fire(
-            &z,
-            ts("2026-10-25T01:40:00Z"),
-            ts("2026-10-24T00:00:00Z"),
-        );
+        let prev = c.prev_fire(&z, ts("2026-10-25T01:40:00Z"), ts("2026-10-24T00:00:00Z"));
         assert_eq!(prev, Some(ts("2026-10-25T00:30:00Z")));
     }
 }

@@ -1,8 +1,8 @@
 //! Reads a policy from YAML and validates it, with errors that name the file and line.
 //! Unknown fields are errors, so a misspelt key never silently falls back to a default.
 
-use super::duration::{format_duration, serde_duration, serde_opt_duration};
 use super::cron::Cron;
+use super::duration::{format_duration, serde_duration, serde_opt_duration};
 use super::schedule::ScheduleWindow;
 use super::{Action, ChurnKind, Exemptions, Limit, Match, NetworkConfig, Policy, Rule, Scope};
 use serde::Deserialize;
@@ -730,7 +730,9 @@ impl Locator<'_> {
             .take_while(|(_, line)| !line.trim_start().starts_with("- name:"))
             .filter(|(_, line)| {
                 let t = line.trim_start().trim_start_matches("- ").trim_start();
-                t.starts_with(&needle) || t.starts_with(&format!("{{ {needle}")) || t.starts_with(&format!("{{{needle}"))
+                t.starts_with(&needle)
+                    || t.starts_with(&format!("{{ {needle}"))
+                    || t.starts_with(&format!("{{{needle}"))
             })
             .nth(n)
             .map(|(i, _)| i + 1)
@@ -981,7 +983,10 @@ mod tests {
         assert_eq!(windows[1].duration, Duration::from_secs(3 * 3600));
         assert_eq!((windows[1].events, windows[1].burst), (50, Some(5)));
         // The built-in policy has none.
-        assert!(Policy::builtin().rules.iter().all(|r| r.schedules.is_empty()));
+        assert!(Policy::builtin()
+            .rules
+            .iter()
+            .all(|r| r.schedules.is_empty()));
     }
 
     #[test]

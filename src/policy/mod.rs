@@ -6,8 +6,8 @@ mod duration;
 mod load;
 mod schedule;
 
-pub use duration::{format_duration, parse_duration};
 pub use cron::{Cron, CronError};
+pub use duration::{format_duration, parse_duration};
 pub use load::{PolicyError, DEFAULT_POLICY_YAML};
 pub use schedule::{ScheduleWindow, HORIZON_MS};
 

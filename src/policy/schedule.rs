@@ -89,9 +89,7 @@ impl ScheduleWindow {
     /// The next time the window opens after `now`, within the horizon.
     pub fn opens_at(&self, now: Millis) -> Option<Millis> {
         let ceiling = ts(now.saturating_add(HORIZON_MS));
-        self.cron
-            .next_fire(&self.zone, ts(now), ceiling)
-            .map(ms)
+        self.cron.next_fire(&self.zone, ts(now), ceiling).map(ms)
     }
 
     /// The next time after `now` the window opens or closes.
@@ -141,9 +139,18 @@ mod tests {
         let w = window("0 9 * * 1-5", "Europe/Berlin", 8 * HOUR);
         // Monday 7 December 2026 (CET, UTC+1): open 08:00Z to 16:00Z.
         assert_eq!(w.open_since(at("2026-12-07T07:59:59Z")), None);
-        assert_eq!(w.opens_at(at("2026-12-07T07:00:00Z")), Some(at("2026-12-07T08:00:00Z")));
-        assert_eq!(w.open_since(at("2026-12-07T08:00:00Z")), Some(at("2026-12-07T08:00:00Z")));
-        assert_eq!(w.closes_at(at("2026-12-07T12:00:00Z")), Some(at("2026-12-07T16:00:00Z")));
+        assert_eq!(
+            w.opens_at(at("2026-12-07T07:00:00Z")),
+            Some(at("2026-12-07T08:00:00Z"))
+        );
+        assert_eq!(
+            w.open_since(at("2026-12-07T08:00:00Z")),
+            Some(at("2026-12-07T08:00:00Z"))
+        );
+        assert_eq!(
+            w.closes_at(at("2026-12-07T12:00:00Z")),
+            Some(at("2026-12-07T16:00:00Z"))
+        );
         assert_eq!(w.open_since(at("2026-12-07T16:00:00Z")), None);
         // Friday evening: next opening on Monday.
         assert_eq!(
@@ -158,9 +165,15 @@ mod tests {
         // 01:00 Berlin on 29 March 2026 (CET) = 00:00Z; 3 h elapsed ends at 03:00Z, which
         // is 05:00 CEST on the wall, not 04:00.
         let w = window("0 1 * * *", "Europe/Berlin", 3 * HOUR);
-        assert_eq!(w.closes_at(at("2026-03-29T01:00:00Z")), Some(at("2026-03-29T03:00:00Z")));
+        assert_eq!(
+            w.closes_at(at("2026-03-29T01:00:00Z")),
+            Some(at("2026-03-29T03:00:00Z"))
+        );
         // Fall back on 25 October 2026: 01:00 CEST = 23:00Z the day before; ends 02:00Z.
-        assert_eq!(w.closes_at(at("2026-10-25T00:00:00Z")), Some(at("2026-10-25T02:00:00Z")));
+        assert_eq!(
+            w.closes_at(at("2026-10-25T00:00:00Z")),
+            Some(at("2026-10-25T02:00:00Z"))
+        );
     }
 
     #[test]
@@ -172,7 +185,10 @@ mod tests {
         assert!(w.always_open(at("2026-12-07T00:00:00Z")));
         // Hours 10 and 11, 90 minutes each: one stretch 10:00 to 12:30.
         let w = window("0 10,11 * * *", "UTC", 90 * Duration::from_secs(60));
-        assert_eq!(w.closes_at(at("2026-12-07T10:15:00Z")), Some(at("2026-12-07T12:30:00Z")));
+        assert_eq!(
+            w.closes_at(at("2026-12-07T10:15:00Z")),
+            Some(at("2026-12-07T12:30:00Z"))
+        );
         assert!(!w.always_open(at("2026-12-07T00:00:00Z")));
     }
 }

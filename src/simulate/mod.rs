@@ -114,7 +114,12 @@ pub struct SimulateArgs {
     /// With --policy and without --replay: the wall time of the simulated clock's zero
     /// (RFC 3339, e.g. 2026-12-14T00:30:00Z), so the policy's schedule windows open and
     /// close when they would from then.
-    #[arg(long, value_name = "TIME", requires = "policy", conflicts_with = "replay")]
+    #[arg(
+        long,
+        value_name = "TIME",
+        requires = "policy",
+        conflicts_with = "replay"
+    )]
     pub start_time: Option<String>,
     /// With --replay: the namespaces that opt in, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', requires = "replay")]

@@ -679,9 +679,13 @@ impl<'a> Sim<'a> {
         let (mut policy, next) =
             crate::pacing::schedule::policy_in_force(&self.base_policy, start + self.now);
         for rule in &mut policy.rules {
-            rule.paused_until = rule
-                .paused_until
-                .map(|u| if u == Millis::MAX { u } else { u.saturating_sub(start) });
+            rule.paused_until = rule.paused_until.map(|u| {
+                if u == Millis::MAX {
+                    u
+                } else {
+                    u.saturating_sub(start)
+                }
+            });
         }
         self.policy = policy;
         if let Some(next) = next {

@@ -962,16 +962,40 @@ fn a_pause_window_stops_releases_in_the_simulation() {
         let paused = simulate(&sc).expect("runs");
         for (plain, paused) in plain.iter().zip(&paused) {
             let action = paused.action;
-            let ends = plain.makespan.unwrap_or_else(|| panic!("{action:?} {releasers}: converges"));
-            assert!(ends > opens, "{action:?} {releasers}: still running when the window opens");
-            assert!(ends < closes, "{action:?} {releasers}: would end inside the window");
+            let ends = plain
+                .makespan
+                .unwrap_or_else(|| panic!("{action:?} {releasers}: converges"));
+            assert!(
+                ends > opens,
+                "{action:?} {releasers}: still running when the window opens"
+            );
+            assert!(
+                ends < closes,
+                "{action:?} {releasers}: would end inside the window"
+            );
             for (rule, times) in &paused.charges {
-                let inside: Vec<_> = times.iter().filter(|&&t| t >= opens && t < closes).collect();
-                assert!(inside.is_empty(), "{action:?} {releasers}: {rule} charged at {inside:?}");
+                let inside: Vec<_> = times
+                    .iter()
+                    .filter(|&&t| t >= opens && t < closes)
+                    .collect();
+                assert!(
+                    inside.is_empty(),
+                    "{action:?} {releasers}: {rule} charged at {inside:?}"
+                );
             }
-            let inside_steps = paused.steps.iter().filter(|&&t| t >= opens && t < closes).count();
-            assert_eq!(inside_steps, 0, "{action:?} {releasers}: partition steps in the pause");
-            assert_eq!(paused.converged, paused.workloads, "{action:?} {releasers}: finishes");
+            let inside_steps = paused
+                .steps
+                .iter()
+                .filter(|&&t| t >= opens && t < closes)
+                .count();
+            assert_eq!(
+                inside_steps, 0,
+                "{action:?} {releasers}: partition steps in the pause"
+            );
+            assert_eq!(
+                paused.converged, paused.workloads,
+                "{action:?} {releasers}: finishes"
+            );
             assert!(
                 paused.makespan.is_some_and(|m| m > closes),
                 "{action:?} {releasers}: ends after the window ({:?})",
