@@ -108,6 +108,10 @@ struct InForceCache {
     policy: Arc<Policy>,
 }
 
+/// How long a policy in force without a next change in sight is kept before it is
+/// computed again.
+const IN_FORCE_RECHECK_MS: Millis = 3_600_000;
+
 impl PolicyCell {
     pub fn new(policy: Policy) -> PolicyCell {
         PolicyCell(RwLock::new(Arc::new(policy)), Mutex::new(None))
@@ -141,7 +145,9 @@ impl PolicyCell {
         *cache = Some(InForceCache {
             source: policy,
             from: now,
-            until,
+            // No change in sight (a window that stays open, a yearly one): look again in
+            // an hour, as the horizon moves on.
+            until: Some(until.unwrap_or(now.saturating_add(IN_FORCE_RECHECK_MS))),
             policy: in_force.clone(),
         });
         (in_force, until)

@@ -217,16 +217,18 @@ impl Cron {
 
     /// The latest fire time at or before `at` and not before `floor`.
     pub fn prev_fire(&self, zone: &TimeZone, at: Timestamp, floor: Timestamp) -> Option<Timestamp> {
-        let start = at.saturating_add(FOLD_SLACK).ok()?.to_zoned(zone.clone());
-        let mut date = start.date();
-        let floor_date = floor
-            .saturating_sub(FOLD_SLACK)
-            .ok()?
-            .to_zoned(zone.clone())
-            .date();
+        // The latest wall time an instant up to `at` can read: `at`'s own, or after a
+        // fall-back within the slack, the reading before the clock went back.
+        let upper = wall(zone, at).max(
+            wall(zone, at.saturating_sub(FOLD_SLACK).ok()?)
+                .checked_add(FOLD_SLACK)
+                .ok()?,
+        );
+        let floor_date = wall(zone, floor.saturating_sub(FOLD_SLACK).ok()?).date();
+        let mut date = upper.date();
         while date >= floor_date {
             if self.day_matches(date) {
-                for dt in self.times_desc(date) {
+                for dt in self.times_desc(date).filter(|dt| *dt <= upper) {
                     let Ok(t) = zone.to_ambiguous_timestamp(dt).compatible() else {
                         continue;
                     };
@@ -250,19 +252,20 @@ impl Cron {
         after: Timestamp,
         ceiling: Timestamp,
     ) -> Option<Timestamp> {
-        let mut date = after
-            .saturating_sub(FOLD_SLACK)
-            .ok()?
-            .to_zoned(zone.clone())
-            .date();
-        let last_date = ceiling
-            .saturating_add(FOLD_SLACK)
-            .ok()?
-            .to_zoned(zone.clone())
-            .date();
+        // The earliest wall time that can map past `after`: `after`'s own, or after a
+        // spring-forward within the slack, a skipped wall time (it fires when the clock
+        // has jumped, so later than it reads).
+        let lower = wall(zone, after).min(
+            wall(zone, after.saturating_sub(FOLD_SLACK).ok()?)
+                .checked_add(FOLD_SLACK)
+                .ok()?,
+        );
+        let last_date = wall(zone, ceiling.saturating_add(FOLD_SLACK).ok()?).date();
+        let mut date = lower.date();
         while date <= last_date {
             if self.day_matches(date) {
-                let mut times: Vec<DateTime> = self.times_desc(date).collect();
+                let mut times: Vec<DateTime> =
+                    self.times_desc(date).filter(|dt| *dt >= lower).collect();
                 times.reverse();
                 for dt in times {
                     let Ok(t) = zone.to_ambiguous_timestamp(dt).compatible() else {
@@ -280,6 +283,11 @@ impl Cron {
         }
         None
     }
+}
+
+/// The wall time of an instant in a zone.
+fn wall(zone: &TimeZone, t: Timestamp) -> DateTime {
+    zone.to_datetime(t)
 }
 
 #[cfg(test)]

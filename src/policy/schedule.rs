@@ -31,6 +31,9 @@ pub struct ScheduleWindow {
     pub max_not_ready: Option<u32>,
 }
 
+/// Occurrences joined into one open stretch before the window counts as always open.
+pub const MAX_JOINED: usize = 1_000;
+
 /// How far ahead the next change is looked for: a window that opens less often than
 /// this (a yearly one) shows no next change until it comes within reach.
 pub const HORIZON_MS: Millis = 400 * 24 * 3600 * 1000;
@@ -60,14 +63,14 @@ impl ScheduleWindow {
     }
 
     /// When the window, open at `now`, closes: occurrences that start before the current
-    /// one ends extend it. None when it stays open over the whole horizon (a window
-    /// longer than its period).
+    /// one ends extend it. None when it stays open over the horizon or over
+    /// [`MAX_JOINED`] occurrences in a row (a window longer than its period: "* * * * *"
+    /// for 2 minutes would otherwise take a step per minute over the whole horizon).
     pub fn closes_at(&self, now: Millis) -> Option<Millis> {
         let start = self.open_since(now)?;
         let ceiling = ts(now.saturating_add(HORIZON_MS));
         let mut end = ts(start).saturating_add(self.span()).ok()?;
-        // Each step moves `end` forward by up to a duration; the horizon bounds the steps.
-        loop {
+        for _ in 0..MAX_JOINED {
             if end > ceiling {
                 return None;
             }
@@ -84,6 +87,7 @@ impl ScheduleWindow {
                 None => return Some(ms(end)),
             }
         }
+        None
     }
 
     /// The next time the window opens after `now`, within the horizon.
@@ -100,8 +104,9 @@ impl ScheduleWindow {
         }
     }
 
-    /// Whether the window never closes once open: its duration covers the longest gap
-    /// between consecutive fire times over the horizon from `now` (check-config warns).
+    /// Whether the window never closes once open: its duration covers the gaps between
+    /// consecutive fire times over the horizon from `now`, or over [`MAX_JOINED`] of them
+    /// (check-config warns).
     pub fn always_open(&self, now: Millis) -> bool {
         match self.opens_at(now.saturating_sub(1)) {
             Some(first) => self.closes_at(first).is_none(),

@@ -17,6 +17,8 @@ pub struct AppState {
     budget: Arc<BudgetCell>,
     /// The policy scaled by the share last asked for, and what it was made from.
     scaled: Mutex<Option<Scaled>>,
+    /// The policy whose limits in force the gauges show, and until when they hold.
+    in_force_published: Mutex<Option<(Arc<Policy>, Millis)>>,
     releaser: Arc<RoleCell>,
     /// The gate queue the leading releaser in this process last saw (None elsewhere).
     queue: Arc<QueueCell>,
@@ -44,6 +46,7 @@ impl AppState {
             limiter: Arc::new(LimiterCell::new(limiter)),
             budget: Arc::default(),
             scaled: Mutex::new(None),
+            in_force_published: Mutex::new(None),
             releaser: Arc::default(),
             queue: Arc::default(),
             metrics,
@@ -133,6 +136,7 @@ impl AppState {
         self.metrics.limiter.limit_in_force.reset();
         self.metrics.limiter.rule_paused.reset();
         self.metrics.limiter.limit_source.reset();
+        *lock(&self.in_force_published) = None;
         self.publish_in_force(&policy, now_millis());
         for rule in &policy.rules {
             let events = rule.limits.first().map(|l| l.events).unwrap_or(0);
@@ -248,11 +252,23 @@ impl AppState {
     }
 
     /// The limit in force per rule, whether it is paused, and where the limit comes from.
-    fn publish_in_force(&self, policy: &Policy, now: Millis) {
+    /// Computed again only when the policy changed or its limits in force may have (the
+    /// sweep runs every second; a window evaluation is not free).
+    fn publish_in_force(&self, policy: &Arc<Policy>, now: Millis) {
         use crate::pacing::schedule::{limit_in_force, Source};
+        let mut published = lock(&self.in_force_published);
+        if let Some((last, until)) = published.as_ref() {
+            if Arc::ptr_eq(last, policy) && now < *until {
+                return;
+            }
+        }
         let m = &self.metrics.limiter;
+        let mut until = now.saturating_add(3_600_000);
         for rule in &policy.rules {
             let in_force = limit_in_force(rule, &[], now);
+            if let Some(next) = in_force.next_change {
+                until = until.min(next);
+            }
             let name: &str = &rule.name;
             m.limit_in_force
                 .with_label_values(&[name])
@@ -272,6 +288,7 @@ impl AppState {
                     .set(i64::from(source.label() == label));
             }
         }
+        *published = Some((policy.clone(), until));
     }
 
     /// Sweeps the limiter and publishes its gauges.
