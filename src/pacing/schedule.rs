@@ -125,7 +125,11 @@ pub fn limit_in_force(rule: &Rule, adjustments: &[Adjustment], now: Millis) -> I
     };
 
     // Schedule windows: the most restrictive of those open, field by field.
-    let mut open: Option<(usize, Figures, Option<Millis>)> = None;
+    // (the window that set the events, the figures, the pause's end, the limits: each
+    // window's laid over the rule's, then the least events and burst per limit, so a
+    // window that leaves the burst to the limit is not outdone by one that names it).
+    type Open = (usize, Figures, Option<Millis>, Vec<Limit>);
+    let mut open: Option<Open> = None;
     for (index, window) in rule.schedules.iter().enumerate() {
         let is_open = window.open_since(now).is_some();
         let change = window.next_change(now);
@@ -134,9 +138,10 @@ pub fn limit_in_force(rule: &Rule, adjustments: &[Adjustment], now: Millis) -> I
             continue;
         }
         let figures = window_figures(rule, window);
+        let laid = lay_over(&rule.limits, figures);
         open = Some(match open {
-            None => (index, figures, change),
-            Some((best, acc, closes)) => {
+            None => (index, figures, change, laid),
+            Some((best, acc, closes, limits)) => {
                 let source = if figures.events < acc.events {
                     index
                 } else {
@@ -155,7 +160,16 @@ pub fn limit_in_force(rule: &Rule, adjustments: &[Adjustment], now: Millis) -> I
                 } else {
                     closes
                 };
-                (source, merged, closes)
+                let limits = limits
+                    .iter()
+                    .zip(&laid)
+                    .map(|(a, b)| Limit {
+                        events: a.events.min(b.events),
+                        burst: a.burst.min(b.burst),
+                        ..*a
+                    })
+                    .collect();
+                (source, merged, closes, limits)
             }
         });
     }
@@ -234,13 +248,13 @@ pub fn limit_in_force(rule: &Rule, adjustments: &[Adjustment], now: Millis) -> I
     }
     match open {
         None => base,
-        Some((window, figures, _)) if figures.events > 0 => InForce {
-            limits: lay_over(&rule.limits, figures),
+        Some((window, figures, _, limits)) if figures.events > 0 => InForce {
+            limits,
             max_not_ready: figures.max_not_ready,
             source: Source::Schedule { window },
             ..base
         },
-        Some((window, figures, closes)) => InForce {
+        Some((window, figures, closes, _)) => InForce {
             max_not_ready: figures.max_not_ready,
             paused_until: Some(closes.unwrap_or(Millis::MAX)),
             paused_by_window: Some(window),

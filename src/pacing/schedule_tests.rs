@@ -141,6 +141,14 @@ fn overlapping_windows_the_most_restrictive_wins_field_by_field() {
     let f = limit_in_force(&rule, &[], at("2026-12-07T03:30:00Z"));
     assert_eq!((f.limits[0].events, f.limits[0].burst), (50, 5));
     assert_eq!(f.source, Source::Schedule { window: 0 });
+    // A window that names no burst keeps the limit's own (2 here): one that names a
+    // larger burst does not raise it.
+    let rule = rule_with(
+        "      - { schedule: \"0 1 * * *\", duration: 4h, limit: { events: 50, burst: 50 } }\n\
+         \x20     - { schedule: \"0 2 * * *\", duration: 1h, limit: { events: 30 } }\n",
+    );
+    let f = limit_in_force(&rule, &[], at("2026-12-07T02:30:00Z"));
+    assert_eq!((f.limits[0].events, f.limits[0].burst), (30, 2));
 }
 
 #[test]
