@@ -25,9 +25,14 @@ pub enum Command {
     /// Run the admission server (HTTPS) and the metrics/probe server (HTTP).
     Serve(Box<ServeArgs>),
     /// Validate a policy file; prints the error with file and line, exits non-zero.
+    /// With schedules, prints the next changes of the limits in force.
     CheckConfig {
         /// The policy YAML file.
         file: PathBuf,
+        /// Count the next schedule changes from this time (RFC 3339, e.g.
+        /// 2026-12-07T00:00:00Z) instead of now.
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
     },
     /// Print the built-in default policy.
     DefaultPolicy,

@@ -1,6 +1,7 @@
 //! churn-throttler: parse the command line, set up logging, dispatch.
 
 use churn_throttler::cli::{Cli, Command, LogFormat};
+use churn_throttler::pacing::schedule;
 use churn_throttler::policy::{Policy, DEFAULT_POLICY_YAML};
 use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
@@ -28,7 +29,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Status(args) => churn_throttler::ctl::status_main(&args),
         Command::Release(args) => churn_throttler::ctl::release_main(&args),
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, at } => check_config(&file, at.as_deref()),
         Command::Simulate(args) => match churn_throttler::simulate::main(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -75,7 +76,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn check_config(file: &std::path::Path) -> ExitCode {
+fn check_config(file: &std::path::Path, at: Option<&str>) -> ExitCode {
+    let now = match at {
+        None => churn_throttler::shared::now_millis(),
+        Some(text) => match churn_throttler::names::parse_time(text) {
+            Some(t) => t,
+            None => {
+                eprintln!("--at {text:?}: not an RFC 3339 time (e.g. 2026-12-07T00:00:00Z)");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let text = match std::fs::read_to_string(file) {
         Ok(text) => text,
         Err(e) => {
@@ -94,6 +105,13 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     rule.action.as_str(),
                     limits.join(" and ")
                 );
+            }
+            let (lines, warnings) = schedule::describe(&policy, now, 10);
+            for line in lines {
+                println!("{line}");
+            }
+            for warning in warnings {
+                eprintln!("{}: warning: {warning}", file.display());
             }
             ExitCode::SUCCESS
         }

@@ -173,6 +173,13 @@ pub struct LimiterMetrics {
     pub window_limit: IntGaugeVec,
     /// seconds between consecutive events after the burst, per rule (0: no spacing)
     pub rule_spacing: GaugeVec,
+    /// events per window in force now (schedule windows applied; 0 while paused), per rule
+    pub limit_in_force: IntGaugeVec,
+    /// 1 while the rule is paused (a schedule window of events: 0), per rule
+    pub rule_paused: IntGaugeVec,
+    /// 1 for where the limit in force comes from (rule, schedule, override, pause), 0 for
+    /// the others, per rule
+    pub limit_source: IntGaugeVec,
     pub reservations_open: IntGauge,
     pub buckets: IntGauge,
     pub policy_rules: IntGauge,
@@ -210,6 +217,26 @@ impl LimiterMetrics {
                 register(registry, Box::new(metric.clone()));
                 metric
             },
+            limit_in_force: gauge_vec(
+                registry,
+                "churn_throttler_limit_in_force",
+                "Events per window in force now for the whole cluster (the rule's first limit, \
+                 its schedule windows applied; 0 while paused).",
+                &["rule"],
+            ),
+            rule_paused: gauge_vec(
+                registry,
+                "churn_throttler_rule_paused",
+                "1 while the rule is paused (a schedule window of events: 0), else 0.",
+                &["rule"],
+            ),
+            limit_source: gauge_vec(
+                registry,
+                "churn_throttler_limit_source",
+                "1 for the source of the limit in force (rule, schedule, override, pause), 0 for \
+                 the others.",
+                &["rule", "source"],
+            ),
             reservations_open: gauge(
                 registry,
                 "churn_throttler_reservations_open",

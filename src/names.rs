@@ -73,6 +73,15 @@ pub fn format_time(at: Millis) -> String {
     }
 }
 
+/// The end of a pause, for messages: its time, or that none is in sight (`u64::MAX`).
+pub fn format_pause_end(until: Millis) -> String {
+    if until == Millis::MAX {
+        "no end in sight (a schedule window that stays open)".to_string()
+    } else {
+        format_time(until)
+    }
+}
+
 pub fn parse_time(text: &str) -> Option<Millis> {
     text.trim().parse::<Timestamp>().ok().map(millis)
 }

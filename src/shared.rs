@@ -97,11 +97,60 @@ impl Leadership {
 }
 
 /// The policy in force (unscaled); swapped whole on a reload.
-pub struct PolicyCell(RwLock<Arc<Policy>>);
+pub struct PolicyCell(RwLock<Arc<Policy>>, Mutex<Option<InForceCache>>);
+
+/// The policy in force last computed: valid from `from` until the next change of any
+/// rule's schedule windows, for the policy it was made from.
+struct InForceCache {
+    source: Arc<Policy>,
+    from: Millis,
+    until: Option<Millis>,
+    policy: Arc<Policy>,
+}
+
+/// How long a policy in force without a next change in sight is kept before it is
+/// computed again.
+const IN_FORCE_RECHECK_MS: Millis = 3_600_000;
 
 impl PolicyCell {
     pub fn new(policy: Policy) -> PolicyCell {
-        PolicyCell(RwLock::new(Arc::new(policy)))
+        PolicyCell(RwLock::new(Arc::new(policy)), Mutex::new(None))
+    }
+
+    /// The policy with the limits in force at `now` (its schedule windows applied:
+    /// `crate::pacing::schedule`); the policy itself when it has no schedules. What the
+    /// webhook decides with (before its budget share) and what the releasers release by.
+    pub fn in_force(&self, now: Millis) -> Arc<Policy> {
+        self.in_force_until(now).0
+    }
+
+    /// [`PolicyCell::in_force`], and the next time the limits in force change (None:
+    /// not within the schedules' horizon), so a releaser looks again then.
+    pub fn in_force_until(&self, now: Millis) -> (Arc<Policy>, Option<Millis>) {
+        let policy = self.get();
+        if !crate::pacing::schedule::has_schedules(&policy) {
+            return (policy, None);
+        }
+        let mut cache = match self.1.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some(c) = cache.as_ref() {
+            if Arc::ptr_eq(&c.source, &policy) && c.from <= now && c.until.is_none_or(|u| now < u) {
+                return (c.policy.clone(), c.until);
+            }
+        }
+        let (in_force, until) = crate::pacing::schedule::policy_in_force(&policy, now);
+        let in_force = Arc::new(in_force);
+        *cache = Some(InForceCache {
+            source: policy,
+            from: now,
+            // No change in sight (a window that stays open, a yearly one): look again in
+            // an hour, as the horizon moves on.
+            until: Some(until.unwrap_or(now.saturating_add(IN_FORCE_RECHECK_MS))),
+            policy: in_force.clone(),
+        });
+        (in_force, until)
     }
 
     pub fn get(&self) -> Arc<Policy> {

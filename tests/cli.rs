@@ -47,6 +47,41 @@ fn check_config_names_file_line_and_problem() {
     );
 }
 
+/// Schedules: refused with the file and the window's line; a valid one prints what is in
+/// force and the next changes, and warns of a window that never closes.
+#[test]
+fn check_config_checks_schedules_and_prints_the_next_changes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let head = "rules:\n  - name: a\n    match: { resources: [pods], operations: [DELETE] }\n    limit: { events: 3, window: 1s }\n    action: retry-after\n    schedules:\n";
+    // (case, windows, exit success, text expected in the output)
+    let cases = [
+        ("bad cron", "      - schedule: \"0 9 * * 1-5 *\"\n        duration: 8h\n        limit: { events: 0 }\n", false, ".yaml:7: rule \"a\": schedules[0]: schedule \"0 9 * * 1-5 *\": \"0 9 * * 1-5 *\" has 6 fields"),
+        ("bad zone", "      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Nowhere\n        duration: 8h\n        limit: { events: 0 }\n", false, ".yaml:8: rule \"a\": schedules[0]: unknown time zone \"Europe/Nowhere\""),
+        ("no duration", "      - schedule: \"0 9 * * 1-5\"\n        limit: { events: 0 }\n", false, ".yaml:7: rule \"a\": schedules[0] has no duration"),
+        ("the issue's example", "      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlin\n        duration: 8h\n        limit: { events: 0 }\n      - schedule: \"0 1 * * *\"\n        duration: 3h\n        limit: { events: 50 }\n", true,
+         "next changes:\n  2026-12-07T01:00:00.000Z  a: 50 per 1s (global), burst 2 (schedules[1] \"0 1 * * *\" UTC)\n  2026-12-07T04:00:00.000Z  a: 3 per 1s (global), burst 2 (the rule's own)\n  2026-12-07T08:00:00.000Z  a: paused until 2026-12-07T16:00:00.000Z (schedules[0] \"0 9 * * 1-5\" Europe/Berlin)"),
+        ("always open", "      - schedule: \"0 * * * *\"\n        duration: 2h\n        limit: { events: 1 }\n", true, "warning: rule \"a\": schedules[0] (\"0 * * * *\" for 2h) lasts longer than the time between its starts: it is always open"),
+    ];
+    for (case, windows, ok, needle) in cases {
+        let path = dir.path().join(format!("{}.yaml", case.replace(' ', "-")));
+        std::fs::write(&path, format!("{head}{windows}")).unwrap_or_else(|e| panic!("{e}"));
+        let out = binary()
+            .arg("check-config")
+            .arg(&path)
+            .args(["--at", "2026-12-07T00:30:00Z"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.success(), ok, "{case}: {text}");
+        assert!(text.contains(needle), "{case}: {text}");
+        assert!(text.contains(&path.display().to_string()), "{case}: {text}");
+    }
+}
+
 #[test]
 fn the_built_in_policy_passes_its_own_check() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

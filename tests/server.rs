@@ -1229,3 +1229,53 @@ async fn without_a_releaser_the_adaptive_rules_pace_by_their_rates() {
     );
     h.stop().await;
 }
+
+/// A schedule window of `events: 0` in force (one that never closes): the webhook answers
+/// 429 at once with Retry-After maxRetryAfter and a message naming the pause, the other
+/// rules keep their limits, and the gauges show the limit in force and its source.
+#[tokio::test]
+async fn a_schedule_pause_answers_429_and_shows_in_the_metrics() {
+    let paused_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let policy_file = paused_dir.path().join("policy.yaml");
+    let paused = POLICY.replace(
+        "    limit: { events: 1, window: 60s }\n    action: retry-after\n",
+        "    limit: { events: 1, window: 60s }\n    action: retry-after\n    schedules:\n      \
+         - { schedule: \"* * * * *\", duration: 2m, limit: { events: 0 } }\n",
+    );
+    assert_ne!(paused, POLICY, "the evictions rule is edited");
+    std::fs::write(&policy_file, paused).unwrap_or_else(|e| panic!("{e}"));
+    let mut h = Harness::start_with(|c| c.policy_file = Some(policy_file.clone())).await;
+    let response = h.review("/validate", "pod-eviction").await;
+    assert_eq!(response["allowed"], json!(false), "{response}");
+    let status = &response["status"];
+    assert_eq!(status["code"], json!(429));
+    assert_eq!(status["details"]["retryAfterSeconds"], json!(60));
+    let message = status["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rule \"evictions\" is paused by its schedule until no end in sight"),
+        "{message}"
+    );
+    let paused_gauge = "churn_throttler_rule_paused{rule=\"evictions\"}";
+    assert_eq!(wait_metric(&h, paused_gauge, 1.0).await, 1.0);
+    assert_eq!(
+        h.metric("churn_throttler_limit_in_force{rule=\"evictions\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        h.metric("churn_throttler_limit_source{rule=\"evictions\",source=\"pause\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("churn_throttler_limit_in_force{rule=\"deletes\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("churn_throttler_limit_source{rule=\"deletes\",source=\"rule\"}")
+            .await,
+        1.0
+    );
+    h.stop().await;
+}

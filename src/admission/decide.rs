@@ -81,6 +81,11 @@ pub fn decide_churn_queued(
     {
         return cx.decided(Verdict::Pass(PassReason::NoPodReleased), None);
     }
+    if let Some(until) = rule.paused_at(now) {
+        if let Some(decision) = paused(&cx, until, limiter) {
+            return decision;
+        }
+    }
     match rule.action {
         Action::Partition => super::partition::decide(&cx),
         Action::Gate => super::gate::decide(&cx, policy, limiter, queue),
@@ -88,6 +93,50 @@ pub fn decide_churn_queued(
         Action::Deny => deny(&cx, limiter),
         Action::Warn => warn(&cx, limiter),
     }
+}
+
+/// A rule paused until `until` (a schedule window of `events: 0`): hold and retry-after
+/// answer 429 at once with Retry-After = min(time left, maxRetryAfter) and reserve
+/// nothing; deny names the pause's end; warn lets the request through with a warning
+/// (and charges it, as it charges any request over the limit). Gate and partition
+/// decide as usual (None): the pod is gated, the partition held, and the releasers take
+/// nothing while the pause lasts.
+fn paused(cx: &Cx<'_>, until: Millis, limiter: &mut Limiter) -> Option<Decision> {
+    let (churn, rule, now) = (cx.churn, cx.rule, cx.now);
+    let left = until.saturating_sub(now);
+    let end = crate::names::format_pause_end(until);
+    let head = format!(
+        "churn-throttler: rule {:?} is paused by its schedule until {end}; this {}",
+        rule.name,
+        describe(churn)
+    );
+    Some(match rule.action {
+        Action::Gate | Action::Partition => return None,
+        Action::Hold | Action::RetryAfter => {
+            let wait = left.min(rule.max_retry_after.as_millis() as Millis);
+            let seconds = round_up_secs(wait);
+            cx.decided(
+                Verdict::RetryAfter {
+                    seconds,
+                    slot: now.saturating_add(wait),
+                },
+                Some(format!("{head} is not admitted: retry after {seconds}s")),
+            )
+        }
+        Action::Deny => cx.decided(
+            Verdict::Deny { wait_ms: left },
+            Some(format!(
+                "{head} is denied (the action of this rule is deny): try again after {end}"
+            )),
+        ),
+        Action::Warn => {
+            cx.record(limiter);
+            cx.decided(
+                Verdict::Warn { wait_ms: left },
+                Some(format!("{head} would wait (warn only: it goes through)")),
+            )
+        }
+    })
 }
 
 /// hold and retry-after: hold a slot this close, else 429 with Retry-After. No reservation

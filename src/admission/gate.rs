@@ -45,6 +45,13 @@ pub(super) fn decide(
             )),
         )
     };
+    if let Some(until) = rule.paused_at(now) {
+        // A schedule window of events: 0: every pod waits; the releaser lifts none.
+        return gated(format!(
+            "the rule is paused by its schedule until {}",
+            crate::names::format_pause_end(until)
+        ));
+    }
     if rule.gate_only {
         // The global budget: only the releasing replica admits pods at once.
         return gated("the replica that releases decides when".to_string());

@@ -873,3 +873,118 @@ fn table_of_adaptive_admissions() {
         assert!(message.contains(want), "{case}: {message}");
     }
 }
+
+/// A rule paused by a schedule window (`paused_until`, set by the policy in force):
+/// hold/retry-after answer 429 with Retry-After min(time left, maxRetryAfter) and reserve
+/// nothing, deny names the end, gate gates every pod, partition holds; what the policy
+/// never paces stays untouched.
+#[test]
+fn a_paused_rule_answers_every_action_without_charging() {
+    use crate::names::format_time;
+    let now = 5_000;
+    // (case, pause length, fixture, endpoint, expected verdict, text the message holds)
+    let long = 3_600_000;
+    let cases: &[(&str, u64, &str, Endpoint, Verdict, &str)] = &[
+        (
+            "retry-after, an hour left: maxRetryAfter",
+            long,
+            "pod-delete-running",
+            Endpoint::Validate,
+            Verdict::RetryAfter {
+                seconds: 60,
+                slot: now + 60_000,
+            },
+            "paused by its schedule until",
+        ),
+        (
+            "retry-after, 20.5 s left",
+            20_500,
+            "pod-delete-running",
+            Endpoint::Validate,
+            Verdict::RetryAfter {
+                seconds: 21,
+                slot: now + 20_500,
+            },
+            "retry after 21s",
+        ),
+        (
+            "deny names the end",
+            long,
+            "pod-eviction",
+            Endpoint::Validate,
+            Verdict::Deny { wait_ms: long },
+            "try again after",
+        ),
+    ];
+    for (case, left, name, endpoint, expected, needle) in cases {
+        let mut policy = policy();
+        for rule in &mut policy.rules {
+            rule.paused_until = Some(now + left);
+        }
+        let mut limiter = Limiter::new(1_000);
+        let decision = decide(&fixture(name), *endpoint, &policy, &mut limiter, now);
+        assert_eq!(&decision.verdict, expected, "{case}");
+        let message = decision.message.unwrap_or_default();
+        assert!(message.contains(needle), "{case}: {message}");
+        if matches!(expected, Verdict::Deny { .. }) {
+            assert!(
+                message.contains(&format_time(now + left)),
+                "{case}: {message}"
+            );
+        }
+        assert_eq!(limiter.reservation_count(), 0, "{case}: nothing reserved");
+        // Nothing charged: once the pause is over the first request fits at once.
+        let mut resumed = policy.clone();
+        for rule in &mut resumed.rules {
+            rule.paused_until = None;
+        }
+        let after = decide(
+            &fixture(name),
+            *endpoint,
+            &resumed,
+            &mut limiter,
+            now + left,
+        );
+        assert_eq!(after.verdict, Verdict::Admitted, "{case}: after the pause");
+    }
+    // Gate: every pod gated, even with room; a bound pod and what is never paced pass.
+    let mut policy = policy();
+    for rule in &mut policy.rules {
+        rule.paused_until = Some(now + long);
+    }
+    let mut limiter = Limiter::new(1_000);
+    let gated = decide(
+        &fixture("pod-create-replicaset"),
+        Endpoint::Mutate,
+        &policy,
+        &mut limiter,
+        now,
+    );
+    assert_eq!(gated.verdict.label(), "gate");
+    assert!(gated
+        .message
+        .unwrap_or_default()
+        .contains("paused by its schedule until"));
+    for (name, endpoint, label) in [
+        ("pod-create-bound", Endpoint::Mutate, "allow"),
+        ("pod-delete-terminating", Endpoint::Validate, "pass"),
+        (
+            "pod-delete-namespace-teardown",
+            Endpoint::Validate,
+            "exempt",
+        ),
+        ("statefulset-template-change", Endpoint::Mutate, "partition"),
+    ] {
+        let d = decide(&fixture(name), endpoint, &policy, &mut limiter, now);
+        assert_eq!(d.verdict.label(), label, "{name}");
+    }
+    // A pause that has ended is no pause.
+    let d = decide(
+        &fixture("pod-eviction"),
+        Endpoint::Validate,
+        &policy,
+        &mut limiter,
+        now + long,
+    );
+    assert_eq!(d.verdict, Verdict::Admitted);
+}

@@ -12,7 +12,7 @@
 
 use super::report::{
     fullest_window, rule_line, seconds_until, Cluster, GatedPod, Leader, Report, RuleStatus,
-    API_VERSION, KIND,
+    ScheduleStatus, API_VERSION, KIND,
 };
 use super::sets::held_part;
 use crate::limiter::{Limiter, Millis};
@@ -51,9 +51,21 @@ pub fn cursor_of(policy: &Policy, released: &[ReleasedPod]) -> Cursor {
 
 /// The whole report.
 pub fn build(c: &Cluster<'_>) -> Report {
-    let (mut rules, gated_pods, mut notes) = gate_part(c);
-    let (partition_rules, held_stateful_sets, partition_notes) = held_part(c);
+    // The windows, slots and estimates with the limits in force now (schedule windows
+    // applied); each rule with schedules says which window is in force and what is next.
+    let (in_force, _) = crate::pacing::schedule::policy_in_force(c.policy, c.now);
+    let at_now = Cluster {
+        policy: &in_force,
+        ..*c
+    };
+    let (mut rules, gated_pods, mut notes) = gate_part(&at_now);
+    let (partition_rules, held_stateful_sets, partition_notes) = held_part(&at_now);
     rules.extend(partition_rules);
+    for line in &mut rules {
+        if let Some(rule) = c.policy.rules.iter().find(|r| *r.name == line.name) {
+            line.schedule = schedule_status(rule, c.now);
+        }
+    }
     // In policy order, as the policy file lists them.
     let order: HashMap<&str, usize> = c
         .policy
@@ -76,6 +88,32 @@ pub fn build(c: &Cluster<'_>) -> Report {
         held_stateful_sets,
         notes,
     }
+}
+
+/// Which schedule window is in force for `rule` and what comes next (None without
+/// schedules).
+fn schedule_status(rule: &crate::policy::Rule, now: Millis) -> Option<ScheduleStatus> {
+    use crate::pacing::schedule::{describe_in_force, limit_in_force, source_words};
+    if rule.schedules.is_empty() {
+        return None;
+    }
+    let in_force = limit_in_force(rule, &[], now);
+    let next = in_force.next_change.map(|at| {
+        let then = limit_in_force(rule, &[], at);
+        (at, describe_in_force(&then))
+    });
+    Some(ScheduleStatus {
+        in_force: describe_in_force(&in_force),
+        source: source_words(rule, in_force.source),
+        paused: in_force.paused_until.is_some(),
+        paused_until: in_force
+            .paused_until
+            .filter(|&u| u != Millis::MAX)
+            .map(format_time),
+        next_change: next.as_ref().map(|(at, _)| format_time(*at)),
+        next_change_in_seconds: next.as_ref().map(|(at, _)| seconds_until(*at, now)),
+        next_in_force: next.map(|(_, text)| text),
+    })
 }
 
 fn leader(c: &Cluster<'_>) -> Option<Leader> {

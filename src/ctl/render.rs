@@ -66,6 +66,7 @@ fn or_dash(value: Option<String>) -> String {
 pub fn human(report: &Report) -> String {
     let mut out = header(report);
     out.push_str(&rules(report));
+    out.push_str(&schedules(report));
     out.push_str(&gated_pods(report));
     out.push_str(&held_sets(report));
     if !report.notes.is_empty() {
@@ -184,6 +185,30 @@ fn rules(report: &Report) -> String {
         ],
         &rows,
     )
+}
+
+/// The schedule of each rule that has one: in force now, and the next change.
+fn schedules(report: &Report) -> String {
+    let mut out = String::new();
+    for r in &report.rules {
+        let Some(s) = &r.schedule else { continue };
+        if out.is_empty() {
+            out.push_str("\nschedules:\n");
+        }
+        let state = if s.paused { "PAUSED: " } else { "" };
+        out.push_str(&format!(
+            "  {}: {state}{} ({})",
+            r.name, s.in_force, s.source
+        ));
+        match (&s.next_change, s.next_change_in_seconds, &s.next_in_force) {
+            (Some(at), Some(secs), Some(next)) => out.push_str(&format!(
+                "; next change in {} ({at}): {next}\n",
+                in_words(secs)
+            )),
+            _ => out.push_str("; no change within 400 days\n"),
+        }
+    }
+    out
 }
 
 fn gated_pods(report: &Report) -> String {

@@ -104,6 +104,26 @@ pub struct RuleStatus {
     /// When the last waiting pod or set is expected to be done.
     pub last_estimated: Option<String>,
     pub last_estimated_in_seconds: Option<f64>,
+    /// The rule's schedule windows now (null: the rule has none).
+    pub schedule: Option<ScheduleStatus>,
+}
+
+/// A rule's schedule: what is in force now, from which window, and the next change.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleStatus {
+    /// e.g. "50 per 10s (global), burst 2, maxNotReady 400" or "paused until <time>".
+    pub in_force: String,
+    /// e.g. "schedules[1] \"0 1 * * *\" UTC" or "the rule's own".
+    pub source: String,
+    /// A window of `events: 0` is open: nothing is released or stepped.
+    pub paused: bool,
+    pub paused_until: Option<String>,
+    /// When the limits in force change next (null: not within 400 days).
+    pub next_change: Option<String>,
+    pub next_change_in_seconds: Option<f64>,
+    /// What is in force from then.
+    pub next_in_force: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -180,6 +200,7 @@ pub fn rule_line(
         max_not_ready: rule.max_not_ready,
         last_estimated: None,
         last_estimated_in_seconds: None,
+        schedule: None,
     }
 }
 

@@ -55,7 +55,10 @@ fn at(text: &str) -> Millis {
 const NOW: &str = "2026-12-06T10:00:00.000Z";
 
 fn report(namespace: Option<&str>) -> Report {
-    let policy = policy();
+    report_with(&policy(), namespace)
+}
+
+fn report_with(policy: &Policy, namespace: Option<&str>) -> Report {
     let pods: Vec<Pod> = items("pods");
     let sets: Vec<StatefulSet> = items("statefulsets");
     let lease: Lease = serde_json::from_value(fixture("lease")).unwrap_or_else(|e| panic!("{e}"));
@@ -70,7 +73,7 @@ fn report(namespace: Option<&str>) -> Report {
         },
     )]);
     build(&Cluster {
-        policy: &policy,
+        policy,
         policy_source: "ConfigMap churn-throttler/churn-throttler-policy",
         pods: &pods,
         sets: &sets,
@@ -80,6 +83,68 @@ fn report(namespace: Option<&str>) -> Report {
         namespace,
         now,
     })
+}
+
+/// A schedule window of `events: 0` open now shows as a pause with its end; one with
+/// other figures puts them in the rule's line; a rule without schedules has none.
+#[test]
+fn status_shows_the_schedule_window_in_force_and_the_next_change() {
+    // NOW is Sunday 6 December 2026, 10:00Z.
+    let paused = POLICY.replace(
+        "    maxNotReady: 10\n    action: gate\n",
+        "    maxNotReady: 10\n    action: gate\n    schedules:\n      - { schedule: \"0 9 * * *\", duration: 2h, limit: { events: 0 } }\n",
+    );
+    let policy = Policy::from_yaml(&paused, "test").unwrap_or_else(|e| panic!("{e}"));
+    let report = report_with(&policy, None);
+    let rule = |name: &str| {
+        report
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    let gate = rule("deploy-creates");
+    // The estimates count from the pause's end (unpaused: the last of the 5 pods in
+    // 10.5 s): at 11:00 the windows are empty, so 2 go at once and 3 more 2.1 s apart.
+    assert_eq!(gate.last_estimated_in_seconds, Some(3606.3));
+    let schedule = gate.schedule.unwrap_or_else(|| panic!("a schedule"));
+    assert!(schedule.paused);
+    assert_eq!(
+        schedule.paused_until.as_deref(),
+        Some("2026-12-06T11:00:00.000Z")
+    );
+    assert_eq!(schedule.in_force, "paused until 2026-12-06T11:00:00.000Z");
+    assert_eq!(schedule.source, "schedules[0] \"0 9 * * *\" UTC");
+    assert_eq!(
+        schedule.next_change.as_deref(),
+        Some("2026-12-06T11:00:00.000Z")
+    );
+    assert_eq!(schedule.next_change_in_seconds, Some(3600.0));
+    assert_eq!(
+        schedule.next_in_force.as_deref(),
+        Some("5 per 10s (global), burst 2, maxNotReady 10")
+    );
+    assert_eq!(rule("sts-rollouts").schedule, None);
+    let text = human(&report);
+    assert!(
+        text.contains(
+            "schedules:\n  deploy-creates: PAUSED: paused until 2026-12-06T11:00:00.000Z"
+        ),
+        "{text}"
+    );
+    // A window of 2 events: the rule's window figures follow it.
+    let slower = paused.replace("events: 0", "events: 2");
+    let policy = Policy::from_yaml(&slower, "test").unwrap_or_else(|e| panic!("{e}"));
+    let report = report_with(&policy, None);
+    let gate = report
+        .rules
+        .iter()
+        .find(|r| r.name == "deploy-creates")
+        .unwrap_or_else(|| panic!("gate rule"));
+    assert_eq!(gate.window_limit, 2);
+    assert_eq!(gate.limit, "2 per 10s (global)");
+    assert!(gate.schedule.as_ref().is_some_and(|s| !s.paused));
 }
 
 #[test]

@@ -74,6 +74,9 @@ pub enum Blocked {
     /// The shared network window is full: `in_flight` released pods of adaptive rules
     /// wait for their network (crate::pacing::network).
     Network { in_flight: u32, window: u32 },
+    /// The rule is paused (a schedule window of `events: 0`) until then (u64::MAX: no
+    /// end in sight).
+    Paused { until: Millis },
 }
 
 /// Pods of one rule in one namespace that still wait after this round.
@@ -269,6 +272,13 @@ fn plan_rule<'a>(
     let rule = lanes.rule;
     let queue = inputs.queue;
     let now = inputs.now;
+    // A paused rule lifts no gate; the releaser looks again when the pause ends.
+    if let Some(until) = rule.paused_at(now) {
+        if until != Millis::MAX {
+            out.wake_at = Some(out.wake_at.map_or(until, |w| w.min(until)));
+        }
+        return (lanes, Some(Blocked::Paused { until }));
+    }
     let mut round = Round {
         rule,
         queue,

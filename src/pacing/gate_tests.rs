@@ -894,3 +894,35 @@ rules:
         }
     }
 }
+
+/// A paused rule (a schedule window of `events: 0` in force) lifts no gate, says why and
+/// when it ends, and wakes the releaser then; the other rules go on.
+#[test]
+fn a_paused_rule_lifts_no_gate_until_its_pause_ends() {
+    let mut paused = policy();
+    for rule in paused.rules.iter_mut().filter(|r| &*r.name == "pods") {
+        rule.paused_until = Some(60_000);
+    }
+    let pods = queue(&[
+        ("a", "p1", "pods", 0),
+        ("a", "p2", "pods", 1),
+        ("b", "q1", "ready-capped", 2),
+    ]);
+    let mut limiter = Limiter::new(1_000);
+    let mut cursor = Cursor::default();
+    let plan = run(&paused, &pods, &[], &mut limiter, &mut cursor, 1_000);
+    assert_eq!(names(&pods, &plan), vec!["b/q1"]);
+    assert_eq!(plan.wake_at, Some(60_000));
+    let waiting: Vec<_> = plan
+        .waiting
+        .iter()
+        .map(|w| (&*w.rule, w.pods, w.blocked))
+        .collect();
+    assert_eq!(
+        waiting,
+        vec![("pods", 2, Blocked::Paused { until: 60_000 })]
+    );
+    // At the end of the pause the rule's burst goes, no more.
+    let plan = run(&paused, &pods[..2], &[], &mut limiter, &mut cursor, 60_000);
+    assert_eq!(names(&pods, &plan), vec!["a/p1", "a/p2"]);
+}

@@ -5,3 +5,4 @@ pub mod gate;
 pub mod network;
 pub mod partition;
 mod partition_windows;
+pub mod schedule;

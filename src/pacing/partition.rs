@@ -293,6 +293,11 @@ pub enum Blocked {
     },
     /// Adaptive rules: the network window has no room for the step's replacement pod.
     Network,
+    /// The rule is paused (a schedule window of `events: 0`) until then (u64::MAX: no end
+    /// in sight).
+    Paused {
+        until: Millis,
+    },
 }
 
 /// Sets of one rule in one namespace that could step but wait for the rule.
@@ -690,6 +695,11 @@ fn plan_rule(
     let held = inputs.held;
     let now = inputs.now;
     let (names, mut lanes) = lanes_in_turn(indices, held, last_served);
+    // A paused rule takes no step; the releaser looks again when the pause ends.
+    let paused = rule.paused_at(now);
+    if let Some(until) = paused.filter(|&u| u != Millis::MAX) {
+        out.wake_at = Some(out.wake_at.map_or(until, |w| w.min(until)));
+    }
     let mut blocked: Vec<Option<Option<Millis>>> = vec![None; lanes.len()];
     let mut blocked_by_readiness = false;
     let mut blocked_by_network = false;
@@ -700,6 +710,9 @@ fn plan_rule(
     };
 
     'rounds: loop {
+        if paused.is_some() {
+            break;
+        }
         let mut progress = false;
         for (lane_no, lane) in lanes.iter_mut().enumerate() {
             let Some(&index) = lane.last() else {
@@ -763,7 +776,12 @@ fn plan_rule(
         let Some(&head) = lane.last() else {
             continue;
         };
-        let (blocked, next_in_ms) = if blocked_by_network {
+        let (blocked, next_in_ms) = if let Some(until) = paused {
+            (
+                Blocked::Paused { until },
+                (until != Millis::MAX).then(|| until.saturating_sub(now)),
+            )
+        } else if blocked_by_network {
             (Blocked::Network, None)
         } else if blocked_by_readiness {
             let max = rule.max_not_ready.unwrap_or(0);

@@ -763,3 +763,32 @@ rules:
         }
     }
 }
+
+/// A paused rule takes no partition step while its pause lasts, and steps again after.
+#[test]
+fn a_paused_rule_takes_no_step_until_its_pause_ends() {
+    let held = [set("a", "web"), set("b", "db")];
+    let mut paused = policy(POLICY);
+    for rule in &mut paused.rules {
+        rule.paused_until = Some(30_000);
+    }
+    let inputs = |now| StepInputs {
+        held: &held,
+        records: &[],
+        taken: &[],
+        policy: &paused,
+        now,
+        max_moves: 100,
+        network_room: None,
+    };
+    let plan = plan_steps(&inputs(1_000));
+    assert!(plan.moves.is_empty(), "{:?}", described(&plan, &held));
+    assert_eq!(plan.wake_at, Some(30_000));
+    assert!(plan
+        .waiting
+        .iter()
+        .all(|w| w.blocked == Blocked::Paused { until: 30_000 } && w.next_in_ms == Some(29_000)));
+    assert_eq!(plan.waiting.len(), 2);
+    let plan = plan_steps(&inputs(30_000));
+    assert_eq!(plan.moves.len(), 2, "{:?}", described(&plan, &held));
+}

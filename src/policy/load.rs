@@ -1,7 +1,9 @@
 //! Reads a policy from YAML and validates it, with errors that name the file and line.
 //! Unknown fields are errors, so a misspelt key never silently falls back to a default.
 
+use super::cron::Cron;
 use super::duration::{format_duration, serde_duration, serde_opt_duration};
+use super::schedule::ScheduleWindow;
 use super::{Action, ChurnKind, Exemptions, Limit, Match, NetworkConfig, Policy, Rule, Scope};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
@@ -89,7 +91,33 @@ struct RawRule {
     max_retry_after: Option<Duration>,
     #[serde(default)]
     adaptive: bool,
+    #[serde(default)]
+    schedules: Vec<RawSchedule>,
 }
+
+/// One schedule window of a rule (docs/operations.md, "Schedules").
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSchedule {
+    schedule: String,
+    time_zone: Option<String>,
+    /// Optional here so that a missing one is refused with its line and a sentence.
+    #[serde(default, with = "serde_opt_duration")]
+    duration: Option<Duration>,
+    limit: RawScheduleLimit,
+    max_not_ready: Option<u32>,
+}
+
+/// `window` and `scope` stay the rule's: a window sets how many, not over what.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawScheduleLimit {
+    events: u32,
+    burst: Option<u32>,
+}
+
+/// A schedule window lasts at most this long (a week: longer ones are a policy change).
+const MAX_SCHEDULE_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -278,6 +306,7 @@ fn build_rule(
         ));
     }
     let max_retry_after = raw.max_retry_after.unwrap_or(Duration::from_secs(60));
+    let schedules = build_schedules(&raw.schedules, action, &err)?;
     Ok(Rule {
         name: Arc::from(name.as_str()),
         matches: Match {
@@ -296,7 +325,107 @@ fn build_rule(
         max_retry_after,
         adaptive: raw.adaptive,
         gate_only: false,
+        schedules,
+        paused_until: None,
     })
+}
+
+/// The rule's schedule windows, each checked; errors point at the window's line.
+fn build_schedules(
+    raw: &[RawSchedule],
+    action: Action,
+    err: &RuleError<'_, '_>,
+) -> Result<Vec<ScheduleWindow>, (usize, String)> {
+    let mut windows = Vec::with_capacity(raw.len());
+    for (i, w) in raw.iter().enumerate() {
+        let at = err.locate.item(err.at, "schedules", "schedule", i);
+        let fail = |key: &str, message: String| {
+            (
+                err.locate.key(at, key),
+                format!("rule {:?}: schedules[{i}]: {message}", err.name),
+            )
+        };
+        let cron = Cron::parse(&w.schedule)
+            .map_err(|e| fail("schedule", format!("schedule {:?}: {e}", w.schedule)))?;
+        let zone_name = w.time_zone.clone().unwrap_or_else(|| "UTC".to_string());
+        let zone = jiff::tz::TimeZone::get(&zone_name).map_err(|_| {
+            fail(
+                "timeZone",
+                format!(
+                    "unknown time zone {zone_name:?}: use an IANA name such as \"Europe/Berlin\" \
+                     or \"UTC\" (the zone data is the system's tzdata)"
+                ),
+            )
+        })?;
+        let Some(duration) = w.duration else {
+            return Err((
+                at,
+                format!(
+                    "rule {:?}: schedules[{i}] has no duration: how long each window lasts \
+                     from its start (e.g. duration: 8h)",
+                    err.name
+                ),
+            ));
+        };
+        if duration < Duration::from_secs(60) || duration > MAX_SCHEDULE_DURATION {
+            return Err(fail(
+                "duration",
+                format!(
+                    "duration is {}, it must be between 1m and {}",
+                    format_duration(duration),
+                    format_duration(MAX_SCHEDULE_DURATION)
+                ),
+            ));
+        }
+        let events = w.limit.events;
+        if events > MAX_EVENTS {
+            return Err(fail(
+                "events",
+                format!("events is {events}, it must be 0 (a pause) to {MAX_EVENTS}"),
+            ));
+        }
+        match w.limit.burst {
+            Some(b) if events == 0 => {
+                return Err(fail(
+                    "burst",
+                    format!("burst is {b}, but events: 0 is a pause and releases nothing"),
+                ))
+            }
+            Some(b) if b == 0 || b > events => {
+                return Err(fail(
+                    "burst",
+                    format!("burst is {b}, it must be 1 to events ({events})"),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(m) = w.max_not_ready {
+            if !action.is_mutating() {
+                return Err(fail(
+                    "maxNotReady",
+                    "maxNotReady applies to gate and partition, whose releases the releaser tracks"
+                        .into(),
+                ));
+            }
+            if m == 0 {
+                return Err(fail(
+                    "maxNotReady",
+                    "maxNotReady must be at least 1 (events: 0 pauses the rule)".into(),
+                ));
+            }
+        }
+        windows.push(ScheduleWindow {
+            schedule: w.schedule.clone(),
+            cron,
+            zone_name,
+            zone,
+            duration,
+            events,
+            burst: w.limit.burst,
+            max_not_ready: w.max_not_ready,
+        });
+    }
+    Ok(windows)
 }
 
 /// The network window: its bounds (defaults of `NetworkConfig`) when a rule is adaptive.
@@ -589,6 +718,27 @@ impl Locator<'_> {
             .unwrap_or(0)
     }
 
+    /// The line of the `n`-th item (0-based) of the list under `list:` after `from`: the
+    /// `n`-th line holding `item:` there (falling back to the list's line).
+    fn item(&self, from: usize, list: &str, item: &str, n: usize) -> usize {
+        let start = self.key(from, list);
+        let needle = format!("{item}:");
+        self.text
+            .lines()
+            .enumerate()
+            .skip(start)
+            .take_while(|(_, line)| !line.trim_start().starts_with("- name:"))
+            .filter(|(_, line)| {
+                let t = line.trim_start().trim_start_matches("- ").trim_start();
+                t.starts_with(&needle)
+                    || t.starts_with(&format!("{{ {needle}"))
+                    || t.starts_with(&format!("{{{needle}"))
+            })
+            .nth(n)
+            .map(|(i, _)| i + 1)
+            .unwrap_or(start)
+    }
+
     /// The first line at or after `from` (1-based; 0 = file start) that holds `key:`,
     /// falling back to `from` itself.
     fn key(&self, from: usize, key: &str) -> usize {
@@ -757,6 +907,48 @@ mod tests {
                 "minWindow must be at least 1",
             ),
             (
+                "malformed cron expression",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * *\"\n        duration: 8h\n        limit: {{ events: 0 }}\n"),
+                7,
+                "schedules[0]: schedule \"0 9 * *\": \"0 9 * *\" has 4 fields",
+            ),
+            (
+                "second window's cron out of range",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 0 }}\n      - schedule: \"0 25 * * *\"\n        duration: 1h\n        limit: {{ events: 9 }}\n"),
+                10,
+                "schedules[1]: schedule \"0 25 * * *\": hour field: 25 is out of range 0-23",
+            ),
+            (
+                "unknown time zone",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlinn\n        duration: 8h\n        limit: {{ events: 0 }}\n"),
+                8,
+                "unknown time zone \"Europe/Berlinn\"",
+            ),
+            (
+                "window without a duration",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        limit: {{ events: 0 }}\n"),
+                7,
+                "schedules[0] has no duration",
+            ),
+            (
+                "burst in a pause",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 0, burst: 1 }}\n"),
+                9,
+                "events: 0 is a pause",
+            ),
+            (
+                "window and scope stay the rule's",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 3, window: 1m }}\n"),
+                9,
+                "unknown field `window`",
+            ),
+            (
+                "maxNotReady in a window of a retry-after rule",
+                format!("{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        duration: 8h\n        limit: {{ events: 3 }}\n        maxNotReady: 4\n"),
+                10,
+                "maxNotReady applies to gate and partition",
+            ),
+            (
                 "unknown key under network",
                 format!("network:\n  window: 5\n{GATE}"),
                 2,
@@ -773,6 +965,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn schedules_load_with_their_defaults() {
+        let yaml = format!(
+            "{BASE}    schedules:\n      - schedule: \"0 9 * * 1-5\"\n        timeZone: Europe/Berlin\n        \
+             duration: 8h\n        limit: {{ events: 0 }}\n      - schedule: \"0 1 * * *\"\n        \
+             duration: 3h\n        limit: {{ events: 50, burst: 5 }}\n"
+        );
+        let policy = Policy::from_yaml(&yaml, "p").unwrap_or_else(|e| panic!("{e}"));
+        let windows = &policy.rules[0].schedules;
+        assert_eq!(windows.len(), 2);
+        assert_eq!(windows[0].zone_name, "Europe/Berlin");
+        assert_eq!((windows[0].events, windows[0].burst), (0, None));
+        assert_eq!(windows[1].zone_name, "UTC");
+        assert_eq!(windows[1].duration, Duration::from_secs(3 * 3600));
+        assert_eq!((windows[1].events, windows[1].burst), (50, Some(5)));
+        // The built-in policy has none.
+        assert!(Policy::builtin()
+            .rules
+            .iter()
+            .all(|r| r.schedules.is_empty()));
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! The policy: which disruptive requests are paced, by which limit, and how.
 //! Pure data and matching; parsing and validation live in `load`.
 
+mod cron;
 mod duration;
 mod load;
+mod schedule;
 
+pub use cron::{Cron, CronError};
 pub use duration::{format_duration, parse_duration};
 pub use load::{PolicyError, DEFAULT_POLICY_YAML};
+pub use schedule::{ScheduleWindow, HORIZON_MS};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -212,9 +216,20 @@ pub struct Rule {
     /// global budget sets it on replicas that do not lead the releaser, so that the
     /// leader alone decides how many pods start in a window (src/budget).
     pub gate_only: bool,
+    /// Windows in time with limits of their own (`schedules`); outside them the rule's.
+    pub schedules: Vec<ScheduleWindow>,
+    /// Nothing of this rule goes until then (epoch ms): a window of `events: 0` in force.
+    /// Never set by the policy file: `crate::pacing::schedule` sets it on the policy in
+    /// force at a given time, as it sets the limits.
+    pub paused_until: Option<u64>,
 }
 
 impl Rule {
+    /// The end of the pause in force at `now`, if the rule is paused (see `paused_until`).
+    pub fn paused_at(&self, now: u64) -> Option<u64> {
+        self.paused_until.filter(|&until| until > now)
+    }
+
     /// Whether the rule covers this request (exemptions are checked by the caller).
     pub fn matches(&self, request: &RequestFacts<'_>) -> bool {
         let m = &self.matches;

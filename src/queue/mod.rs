@@ -362,11 +362,18 @@ fn estimate_rule(
     for &index in &indices {
         out[index].rule = Some(rule.name.clone());
     }
+    // A rule paused now (a schedule window of events: 0) releases nothing before the
+    // pause ends; with no end in sight nothing is estimated.
+    let start = match rule.paused_at(inputs.now) {
+        Some(Millis::MAX) => return 0,
+        Some(until) => until,
+        None => inputs.now,
+    };
     let (names, lanes) = lanes_in_turn(rule, indices, queue, cursor);
     let mut lanes: BTreeMap<&str, Vec<usize>> = names.into_iter().zip(lanes).collect();
     let mut forward = Forward {
         rule: rule.name.clone(),
-        at: inputs.now,
+        at: start,
         released: 0,
         budget,
         out,

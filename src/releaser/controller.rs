@@ -407,7 +407,7 @@ impl Releaser {
             .map(|w| (w.namespace.clone(), w.rule.clone()))
             .collect();
         self.throttle.keep_waiting(waiting, now);
-        let policy = self.ctx.policy();
+        let policy = self.ctx.policy_at(now);
         let mut due: Vec<&crate::pacing::gate::Waiting> = plan
             .waiting
             .iter()
@@ -454,6 +454,20 @@ impl Releaser {
                         w.pods,
                         w.rule_pods,
                         &*w.rule,
+                        w.rule_namespaces,
+                    ),
+                ),
+                Blocked::Paused { until } => (
+                    "Paused",
+                    format!(
+                        "{} pod(s) in this namespace wait behind the scheduling gate {GATE_NAME}: rule {:?} \
+                         is paused by its schedule until {}; releases resume then at {}. {} pod(s) wait \
+                         for it in {} namespace(s).",
+                        w.pods,
+                        &*w.rule,
+                        crate::names::format_pause_end(until),
+                        limits.join(" and "),
+                        w.rule_pods,
                         w.rule_namespaces,
                     ),
                 ),
@@ -749,7 +763,7 @@ impl Rounds for Releaser {
         now: Millis,
         first: bool,
     ) -> Option<Millis> {
-        let policy = self.ctx.policy();
+        let policy = self.ctx.policy_at(now);
         let pods = self.read(reader, now);
         self.charged.prune(&policy, now);
         let not_ready = not_ready_by_rule(&pods.released);
@@ -778,7 +792,10 @@ impl Rounds for Releaser {
         self.send_events(&plan, &pods.eligible, leadership, now)
             .await;
         self.tell_window_cut(leadership, now).await;
-        plan.wake_at
+        match (plan.wake_at, self.ctx.next_change(now)) {
+            (Some(wake), Some(change)) => Some(wake.min(change)),
+            (wake, change) => wake.or(change),
+        }
     }
 }
 

@@ -21,7 +21,7 @@ mod shell;
 pub use controller::run;
 
 use crate::election::LeaseConfig;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, Millis};
 use crate::metrics::ReleaserParts;
 use crate::policy::Policy;
 use crate::shared::{KubeClient, LimiterCell, PolicyCell, QueueCell, RoleCell};
@@ -48,6 +48,17 @@ pub struct Context {
 impl Context {
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.get()
+    }
+
+    /// The policy with the limits in force at `now` (schedule windows applied).
+    pub fn policy_at(&self, now: Millis) -> Arc<Policy> {
+        self.policy.in_force(now)
+    }
+
+    /// The next time after `now` the limits in force change, if one is in reach: a round
+    /// wakes then at the latest, so a window that opens or closes takes effect at once.
+    pub fn next_change(&self, now: Millis) -> Option<Millis> {
+        self.policy.in_force_until(now).1
     }
 
     pub fn limiter(&self) -> MutexGuard<'_, Limiter> {

@@ -469,7 +469,7 @@ impl PartitionReleaser {
             .map(|w| (w.namespace.clone(), w.rule.clone()))
             .collect();
         self.throttle.keep_waiting(waiting, now);
-        let policy = self.ctx.policy();
+        let policy = self.ctx.policy_at(now);
         let mut events = Vec::new();
         for w in &plan.waiting {
             if events.len() >= MAX_EVENTS_PER_ROUND {
@@ -513,6 +513,16 @@ impl PartitionReleaser {
                          the network window has no room for the replacement pod (rule {:?}); steps resume \
                          as released pods get their network.",
                         w.sets, &*w.rule,
+                    ),
+                ),
+                Blocked::Paused { until } => (
+                    "Paused",
+                    format!(
+                        "{} StatefulSet rollout(s) in this namespace wait for their next partition step: \
+                         rule {:?} is paused by its schedule until {}; steps resume then.",
+                        w.sets,
+                        &*w.rule,
+                        crate::names::format_pause_end(until),
                     ),
                 ),
                 Blocked::NotReady { not_ready, max } => (
@@ -583,7 +593,7 @@ impl Rounds for PartitionReleaser {
         now: Millis,
         first: bool,
     ) -> Option<Millis> {
-        let policy = self.ctx.policy();
+        let policy = self.ctx.policy_at(now);
         let mut sets = self.read(reader, now);
         let just_stepped: HashSet<String> = self
             .patched
@@ -630,6 +640,9 @@ impl Rounds for PartitionReleaser {
         if let Some(again) = again {
             let again = now + again;
             wake = Some(wake.map_or(again, |w| w.min(again)));
+        }
+        if let Some(change) = self.ctx.next_change(now) {
+            wake = Some(wake.map_or(change, |w| w.min(change)));
         }
         if !looked {
             wake = Some(now);

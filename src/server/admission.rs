@@ -198,8 +198,8 @@ async fn review(
         );
         return Json(AdmissionResponse::from(&request).into_review()).into_response();
     }
-    let policy = state.decision_policy();
     let now = now_millis();
+    let policy = state.decision_policy(now);
     let queue = state.queue_cell().get();
     let decision = {
         let mut limiter = state.limiter();

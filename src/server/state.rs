@@ -17,6 +17,8 @@ pub struct AppState {
     budget: Arc<BudgetCell>,
     /// The policy scaled by the share last asked for, and what it was made from.
     scaled: Mutex<Option<Scaled>>,
+    /// The policy whose limits in force the gauges show, and until when they hold.
+    in_force_published: Mutex<Option<(Arc<Policy>, Millis)>>,
     releaser: Arc<RoleCell>,
     /// The gate queue the leading releaser in this process last saw (None elsewhere).
     queue: Arc<QueueCell>,
@@ -44,6 +46,7 @@ impl AppState {
             limiter: Arc::new(LimiterCell::new(limiter)),
             budget: Arc::default(),
             scaled: Mutex::new(None),
+            in_force_published: Mutex::new(None),
             releaser: Arc::default(),
             queue: Arc::default(),
             metrics,
@@ -130,6 +133,11 @@ impl AppState {
         self.metrics.limiter.window_limit.reset();
         self.metrics.limiter.window_usage.reset();
         self.metrics.limiter.rule_spacing.reset();
+        self.metrics.limiter.limit_in_force.reset();
+        self.metrics.limiter.rule_paused.reset();
+        self.metrics.limiter.limit_source.reset();
+        *lock(&self.in_force_published) = None;
+        self.publish_in_force(&policy, now_millis());
         for rule in &policy.rules {
             let events = rule.limits.first().map(|l| l.events).unwrap_or(0);
             let spacing = rule
@@ -159,10 +167,12 @@ impl AppState {
             .set(policy.rules.len() as i64);
     }
 
-    /// The policy the webhook decides with: the policy in force, scaled by this replica's
-    /// share of the global budget (src/budget). The releaser uses `policy()`, unscaled.
-    pub fn decision_policy(&self) -> Arc<Policy> {
-        let policy = self.policy();
+    /// The policy the webhook decides with at `now`: the policy with the limits in force
+    /// then (its schedule windows: `PolicyCell::in_force`), scaled by this replica's share
+    /// of the global budget (src/budget), so a window's figures are split across replicas
+    /// like the rule's own. The releaser uses the limits in force, unscaled.
+    pub fn decision_policy(&self, now: Millis) -> Arc<Policy> {
+        let policy = self.policy.in_force(now);
         let share = self.share();
         let role = self.gate_role();
         // Without a releaser in this process nobody here sizes the network window: the
@@ -241,9 +251,50 @@ impl AppState {
         self.metrics.server.ready.set(i64::from(self.is_ready()));
     }
 
+    /// The limit in force per rule, whether it is paused, and where the limit comes from.
+    /// Computed again only when the policy changed or its limits in force may have (the
+    /// sweep runs every second; a window evaluation is not free).
+    fn publish_in_force(&self, policy: &Arc<Policy>, now: Millis) {
+        use crate::pacing::schedule::{limit_in_force, Source};
+        let mut published = lock(&self.in_force_published);
+        if let Some((last, until)) = published.as_ref() {
+            if Arc::ptr_eq(last, policy) && now < *until {
+                return;
+            }
+        }
+        let m = &self.metrics.limiter;
+        let mut until = now.saturating_add(3_600_000);
+        for rule in &policy.rules {
+            let in_force = limit_in_force(rule, &[], now);
+            if let Some(next) = in_force.next_change {
+                until = until.min(next);
+            }
+            let name: &str = &rule.name;
+            m.limit_in_force
+                .with_label_values(&[name])
+                .set(i64::from(in_force.events()));
+            m.rule_paused
+                .with_label_values(&[name])
+                .set(i64::from(in_force.paused_until.is_some()));
+            // A window of events: 0 is a pause; its source label says so.
+            let source = if in_force.paused_until.is_some() {
+                Source::Pause
+            } else {
+                in_force.source
+            };
+            for label in ["rule", "schedule", "override", "pause"] {
+                m.limit_source
+                    .with_label_values(&[name, label])
+                    .set(i64::from(source.label() == label));
+            }
+        }
+        *published = Some((policy.clone(), until));
+    }
+
     /// Sweeps the limiter and publishes its gauges.
     pub fn sweep(&self, now: Millis) {
         self.publish_budget();
+        self.publish_in_force(&self.policy(), now);
         let usage = self.limiter().sweep(now);
         self.metrics.limiter.buckets.set(usage.buckets as i64);
         self.metrics

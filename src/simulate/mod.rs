@@ -15,6 +15,7 @@ mod tests;
 pub use model::{RunResult, Sim};
 pub use scenario::{Scenario, ScenarioFile, SimAction, PRESETS};
 
+use crate::policy::Policy;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -105,9 +106,21 @@ pub struct SimulateArgs {
     /// With --replay: only requests received before this RFC 3339 time.
     #[arg(long, requires = "replay")]
     pub until: Option<String>,
-    /// With --replay: the policy file (default: the built-in policy).
-    #[arg(long, requires = "replay")]
+    /// With --replay: the policy file (default: the built-in policy). Without it: the
+    /// file whose schedule windows the simulated rules take (each from the file's first
+    /// rule of the same action that has some), with --start-time.
+    #[arg(long)]
     pub policy: Option<PathBuf>,
+    /// With --policy and without --replay: the wall time of the simulated clock's zero
+    /// (RFC 3339, e.g. 2026-12-14T00:30:00Z), so the policy's schedule windows open and
+    /// close when they would from then.
+    #[arg(
+        long,
+        value_name = "TIME",
+        requires = "policy",
+        conflicts_with = "replay"
+    )]
+    pub start_time: Option<String>,
     /// With --replay: the namespaces that opt in, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', requires = "replay")]
     pub opt_in: Vec<String>,
@@ -171,6 +184,26 @@ impl SimulateArgs {
     }
 }
 
+/// `--policy FILE --start-time TIME` (without --replay): the file's schedules.
+fn schedules(args: &SimulateArgs) -> anyhow::Result<Option<scenario::Schedules>> {
+    let Some(path) = &args.policy else {
+        return Ok(None);
+    };
+    let Some(start) = &args.start_time else {
+        anyhow::bail!(
+            "--policy without --replay takes the policy's schedule windows: give --start-time \
+             (RFC 3339, the wall time of the simulated clock's zero)"
+        );
+    };
+    let start = crate::names::parse_time(start).ok_or_else(|| {
+        anyhow::anyhow!("--start-time {start:?}: not an RFC 3339 time (e.g. 2026-12-14T00:30:00Z)")
+    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+    let policy = Policy::from_yaml(&text, &path.display().to_string())?;
+    Ok(Some(scenario::Schedules { policy, start }))
+}
+
 /// Runs every action of the scenario; results in the scenario's action order.
 pub fn simulate(sc: &Scenario) -> Result<Vec<RunResult>, String> {
     sc.actions
@@ -192,7 +225,8 @@ pub fn main(args: &SimulateArgs) -> anyhow::Result<()> {
         return replay::main(&opts, args.csv.as_ref(), args.plot.as_ref());
     }
     let file = args.scenario_file().map_err(anyhow::Error::msg)?;
-    let sc = file.build().map_err(anyhow::Error::msg)?;
+    let mut sc = file.build().map_err(anyhow::Error::msg)?;
+    sc.schedules = schedules(args)?;
     if args.print_scenario {
         print!("{}", file.to_yaml());
         for action in &sc.actions {

@@ -193,6 +193,8 @@ enum Ev {
     },
     GateWake(u16),
     PartitionWake,
+    /// The limits in force change (a schedule window opens or closes).
+    ScheduleChange,
     /// The network model: the pod's network is up.
     NetReady {
         pod: u32,
@@ -301,6 +303,10 @@ pub struct Sim<'a> {
     remaining: u64,
     out: RunResult,
     net: NetState,
+    /// The policy with its schedule windows (`--policy`, `--start-time`); `policy` is the
+    /// one in force at the simulated `now`.
+    scheduled: Option<&'a super::scenario::Schedules>,
+    base_policy: Policy,
 }
 
 /// The network model's state: the CNI's FIFO and the shared window of the adaptive rules.
@@ -528,6 +534,8 @@ impl<'a> Sim<'a> {
         };
         Ok(Sim {
             sc,
+            base_policy: policy.clone(),
+            scheduled: sc.schedules.as_ref(),
             policy,
             limiter,
             now: 0,
@@ -560,6 +568,7 @@ impl<'a> Sim<'a> {
 
     /// Runs to convergence (or the horizon) and returns the measurements.
     pub fn run(mut self) -> RunResult {
+        self.apply_schedule();
         // The operator updates every throttled template at once; the other team's update
         // comes in the same instant (or at collateralAt), behind it.
         for i in 0..self.sc.statefulsets {
@@ -648,6 +657,39 @@ impl<'a> Sim<'a> {
             }
             Ev::NetReady { pod, generation } => self.net_ready(pod, generation),
             Ev::NetBound { pod, generation } => self.net_bound(pod, generation),
+            Ev::ScheduleChange => {
+                self.apply_schedule();
+                for g in 0..self.gates.len() {
+                    self.wake_gate(g, self.now);
+                }
+                if self.partition.is_some() {
+                    self.at(self.now, Ev::PartitionWake);
+                }
+            }
+        }
+    }
+
+    /// The policy in force at the simulated `now` (its wall time: the start time plus
+    /// `now`), with a pause's end in simulated time; the next change is an event.
+    fn apply_schedule(&mut self) {
+        let Some(scheduled) = self.scheduled else {
+            return;
+        };
+        let start = scheduled.start;
+        let (mut policy, next) =
+            crate::pacing::schedule::policy_in_force(&self.base_policy, start + self.now);
+        for rule in &mut policy.rules {
+            rule.paused_until = rule.paused_until.map(|u| {
+                if u == Millis::MAX {
+                    u
+                } else {
+                    u.saturating_sub(start)
+                }
+            });
+        }
+        self.policy = policy;
+        if let Some(next) = next {
+            self.at(next.saturating_sub(start), Ev::ScheduleChange);
         }
     }
 

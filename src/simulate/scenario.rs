@@ -416,6 +416,7 @@ impl ScenarioFile {
             adaptive: self.adaptive,
             horizon: ms("horizon", &self.horizon)?,
             seed: self.seed,
+            schedules: None,
         };
         // Every generated policy must pass the real validation.
         for action in &sc.actions {
@@ -543,6 +544,17 @@ pub struct Scenario {
     pub adaptive: bool,
     pub horizon: Millis,
     pub seed: u64,
+    /// `--policy FILE --start-time TIME`: the file's schedule windows, laid on the
+    /// generated rules, and the wall time of the simulated clock's zero (epoch ms).
+    pub schedules: Option<Schedules>,
+}
+
+/// Schedule windows for the simulated rules: each generated rule takes those of the
+/// file's first rule with the same action.
+#[derive(Debug, Clone)]
+pub struct Schedules {
+    pub policy: Policy,
+    pub start: Millis,
 }
 
 pub const STATEFULSET_CONTROLLER: &str = "system:serviceaccount:kube-system:statefulset-controller";
@@ -572,6 +584,23 @@ impl Scenario {
 
     /// The policy an action stands for: the built-in policy's shape with this limit.
     pub fn policy(&self, action: SimAction) -> Result<Policy, String> {
+        let mut policy = self.generated_policy(action)?;
+        if let Some(schedules) = &self.schedules {
+            for rule in &mut policy.rules {
+                if let Some(from) = schedules
+                    .policy
+                    .rules
+                    .iter()
+                    .find(|r| r.action == rule.action && !r.schedules.is_empty())
+                {
+                    rule.schedules = from.schedules.clone();
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    fn generated_policy(&self, action: SimAction) -> Result<Policy, String> {
         let yaml = match self.file.policies.get(action.as_str()) {
             Some(text) => text.clone(),
             None => self.policy_yaml(action),

@@ -931,3 +931,76 @@ fn model_partition_steps_are_spaced_as_the_real_plan_spaces_them() {
         );
     }
 }
+
+/// `--policy FILE --start-time TIME`: a schedule window of `events: 0` stops the releases
+/// and steps for its whole length (no charge of a paced rule inside it), then the rollout
+/// finishes; the same run without the window ends before the window would have opened.
+#[test]
+fn a_pause_window_stops_releases_in_the_simulation() {
+    let pause = "rules:\n  - name: g\n    match: { resources: [pods], operations: [CREATE] }\n    \
+                 limit: { events: 1, window: 1s }\n    action: gate\n    schedules:\n      \
+                 - { schedule: \"0 1 * * *\", duration: 10m, limit: { events: 0 } }\n  \
+                 - name: p\n    match: { resources: [statefulsets], operations: [UPDATE] }\n    \
+                 limit: { events: 1, window: 1s }\n    action: partition\n    schedules:\n      \
+                 - { schedule: \"0 1 * * *\", duration: 10m, limit: { events: 0 } }\n";
+    let policy = crate::policy::Policy::from_yaml(pause, "p").unwrap_or_else(|e| panic!("{e}"));
+    // The simulated clock's zero is 00:59:40Z: the window is open from 20 s to 620 s.
+    let start = crate::names::parse_time("2026-12-07T00:59:40Z").unwrap_or_else(|| panic!("time"));
+    let (opens, closes) = (20_000, 620_000);
+    for releasers in ["model", "real"] {
+        let file = ScenarioFile {
+            releasers: releasers.into(),
+            horizon: "30m".into(),
+            ..small(&["gate", "partition"])
+        };
+        let plain = run(&file);
+        let mut sc = file.build().expect("scenario");
+        sc.schedules = Some(super::scenario::Schedules {
+            policy: policy.clone(),
+            start,
+        });
+        let paused = simulate(&sc).expect("runs");
+        for (plain, paused) in plain.iter().zip(&paused) {
+            let action = paused.action;
+            let ends = plain
+                .makespan
+                .unwrap_or_else(|| panic!("{action:?} {releasers}: converges"));
+            assert!(
+                ends > opens,
+                "{action:?} {releasers}: still running when the window opens"
+            );
+            assert!(
+                ends < closes,
+                "{action:?} {releasers}: would end inside the window"
+            );
+            for (rule, times) in &paused.charges {
+                let inside: Vec<_> = times
+                    .iter()
+                    .filter(|&&t| t >= opens && t < closes)
+                    .collect();
+                assert!(
+                    inside.is_empty(),
+                    "{action:?} {releasers}: {rule} charged at {inside:?}"
+                );
+            }
+            let inside_steps = paused
+                .steps
+                .iter()
+                .filter(|&&t| t >= opens && t < closes)
+                .count();
+            assert_eq!(
+                inside_steps, 0,
+                "{action:?} {releasers}: partition steps in the pause"
+            );
+            assert_eq!(
+                paused.converged, paused.workloads,
+                "{action:?} {releasers}: finishes"
+            );
+            assert!(
+                paused.makespan.is_some_and(|m| m > closes),
+                "{action:?} {releasers}: ends after the window ({:?})",
+                paused.makespan
+            );
+        }
+    }
+}

@@ -23,6 +23,10 @@ impl<'a> Sim<'a> {
         }
         let now = self.now;
         let rule = self.policy.rules[self.gates[g].rule].clone();
+        // Paused by a schedule window: the window's end (Ev::ScheduleChange) wakes it.
+        if rule.paused_at(now).is_some() {
+            return;
+        }
         let global = rule.limits.iter().all(|l| l.scope == Scope::Global);
         self.gates[g].blocked_on_ready = false;
         loop {
@@ -182,6 +186,9 @@ impl<'a> Sim<'a> {
             return;
         };
         let rule = self.policy.rules[rule_index].clone();
+        if rule.paused_at(now).is_some() {
+            return;
+        }
         let global = rule.limits.iter().all(|l| l.scope == Scope::Global);
         if let Some(p) = self.partition.as_mut() {
             p.blocked_on_ready = false;
