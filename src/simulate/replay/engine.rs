@@ -11,7 +11,7 @@ use crate::limiter::{Identity, Limiter, Millis};
 use crate::pacing::gate::{
     longest_window, plan, Cursor, Inputs, QueuedPod, MAX_RELEASES_PER_ROUND,
 };
-use crate::pacing::network::{NetworkRoom, NetworkWindow};
+use crate::pacing::network::{NetworkRoom, NetworkWindow, Sample};
 use crate::pacing::partition::{
     plan_steps, HeldSet, Move, Record, Released, StepInputs, TakenStep,
 };
@@ -180,11 +180,12 @@ pub struct Engine<'a> {
     /// of the re-simulated sets. A mass update queues every set in the controller at once
     /// (measured: up to 2.4 s for the last of 24), steps reach it one set at a time.
     step_reaction: Millis,
-    /// The adaptive rules' shared network window (None: no adaptive rule), at its start
-    /// (`INITIAL_WINDOW` within the policy's bounds) throughout: an audit log has no network times to move it, and the
-    /// replay's delays are medians, without the spread that stops the real window's
-    /// slow start (on kwok's fast pods it went 2 -> 10 in 90 s; fed the replay's constant
-    /// delays it would grow by one a pod).
+    /// The adaptive rules' shared network window (None: no adaptive rule), from its start
+    /// (`INITIAL_WINDOW` within the policy's bounds), growing by slow start with every
+    /// pod's network up at its binding (an audit log has no network times; the replay
+    /// assumes a network that keeps up, where the real window grows the same way: it
+    /// left paced StatefulSet steps waiting behind 60 gated pods on the e2e control plane
+    /// only while the window was small).
     net: Option<NetworkWindow>,
     /// Pods an adaptive rule released that are not Ready yet.
     net_in_flight: u32,
@@ -998,12 +999,22 @@ impl<'a> Engine<'a> {
 
     /// Pod p's network is up: at its binding, the earliest a Metadata-level log can show
     /// (it records neither Ready nor PodReadyToStartContainers; the ReplicaSet pods' Ready
-    /// is assumed there too). A step may find room.
+    /// is assumed there too). The window takes it as a sample at its floor, as the real
+    /// loop does on a network that keeps up: it grows by slow start. A step may find room.
     fn network_ready(&mut self, now: Millis, p: usize) {
         if self.pods[p].net_since.take().is_none() {
             return;
         }
         self.net_in_flight = self.net_in_flight.saturating_sub(1);
+        if let Some(window) = self.net.as_mut() {
+            window.observe(&Sample {
+                // One floor for all: every sample is at it, none shows a queue.
+                workload: String::new(),
+                started: now,
+                ready: now,
+                censored: false,
+            });
+        }
         self.partition_round(now);
     }
 

@@ -194,8 +194,9 @@ pub fn text(replay: &Replay) -> String {
          labels, no pod has nodeName set, labels match no excludeLabels; a StatefulSet's \
          replicas = its highest ordinal seen + 1, maxUnavailable 1; a pod with no recorded \
          binding is Ready when released; ReplicaSet pods are Ready at their binding; a \
-         pod's network is up at its binding and the adaptive rules' network window stays \
-         at its start, 4 pods (no network times in the log); a held set's step is acted on after \
+         pod's network is up at its binding and the adaptive rules' network window grows \
+         from its start (4 pods) by slow start, every binding a sample at its floor (no \
+         network times in the log); a held set's step is acted on after \
          the fastest reaction measured (write -> first DELETE)"
     );
     let _ = writeln!(

@@ -688,21 +688,25 @@ fn steps_wait_while_gated_pods_fill_the_network_window() {
     let r = replay_text(&text, &[]);
     let rs_starts = &r.paced.by_controller[&(Kind::Starts, attribute::Controller::ReplicaSet)];
     assert_eq!(rs_starts.len(), 40);
-    // The window (its start, 4; network up at the binding) has room for a step only
-    // while fewer than STEP_ROOM_GAIN x 4 = 16 pods are gated: none while the 40 gated
-    // ReplicaSet pods are released down to 16, steps again once fewer wait.
-    let room =
-        (crate::pacing::network::STEP_ROOM_GAIN * crate::pacing::network::INITIAL_WINDOW) as usize;
+    // Steps have room while STEP_ROOM_GAIN x the window exceeds the pods in flight and
+    // gated: the window starts at 4 (room 16 against 40 gated) and grows by one with each
+    // binding (a sample at its floor), so no step goes before the k-th binding with
+    // 4 x (4 + k) <= 40 - k, k < 5; once the window has grown, steps go while ReplicaSet
+    // pods still wait.
+    use crate::pacing::network::{INITIAL_WINDOW, STEP_ROOM_GAIN};
+    let (gain, start) = (STEP_ROOM_GAIN as usize, INITIAL_WINDOW as usize);
+    let blocked = (0..40).take_while(|k| gain * (start + k) <= 40 - k).count();
+    assert!(blocked >= 4, "{blocked}");
     let steps = &r.paced.times[&Kind::PartitionSteps];
-    let (from, until) = (rs_starts[0] + 1, rs_starts[40 - room - 1]);
+    let (from, until) = (rs_starts[0] + 1, rs_starts[blocked - 1]);
     let meanwhile: Vec<_> = steps.iter().filter(|&&t| t > from && t < until).collect();
     assert!(
         meanwhile.is_empty(),
-        "steps {meanwhile:?} while {room} or more ReplicaSet pods were gated ({from}..{until})"
+        "steps {meanwhile:?} while the window was too small for the gated pods ({from}..{until})"
     );
     assert!(
-        steps.iter().any(|&t| t > until && t < rs_starts[39]),
-        "steps once fewer than {room} wait, before the last release"
+        steps.iter().any(|&t| t > until && t < rs_starts[20]),
+        "steps once the window has grown, while ReplicaSet pods still wait"
     );
     assert!(
         steps.iter().any(|&t| t <= from),
