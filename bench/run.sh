@@ -10,10 +10,16 @@
 #   bench/run.sh                         # about 6 minutes
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/run.sh   # quicker, noisier
 #   RT=1 bench/run.sh                    # fixed rates under SCHED_FIFO (root; see below)
+#   RATES= MEMORY=0 ROUNDS=5 SERVERS="baseline churn-throttler churn-throttler-throttled" \
+#     bench/run.sh                       # the throttled path against the allow path and bare
 #
 # Environment: CARGO_TARGET_DIR (default ./target), SECONDS_PER_RUN (10), RATES
 # ("500 1000 2000"), CONCURRENCY (closed-loop workers, 32), PROTOS ("h2"; "h1 h2" for both),
 # ROUNDS (closed-loop repetitions, 2), BUCKETS (100000), PORT_BASE (18440), SKIP_BUILD=1,
+# SERVERS (the servers loaded, in this order; default all six; the Go peers are built only
+# when listed), RATES= (empty: no fixed-rate phase), MEMORY=0 (no memory phase),
+# CT_BIN (the churn-throttler binary to run, default the one built; a saved build of an
+# older commit measures "before" with the same script),
 # KEEP_WORK=1 (keep the temporary folder with logs and raw results), NICE, RT (below),
 # OUT=dir (write the raw results there as bench-results.txt, the printed tables as
 # bench-tables.md, and the plots bench-latency.svg and bench-throughput.svg, made by
@@ -23,13 +29,18 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target}
 seconds=${SECONDS_PER_RUN:-10}
-rates=${RATES:-"500 1000 2000"}
+rates=${RATES-"500 1000 2000"}
 concurrency=${CONCURRENCY:-32}
 protos=${PROTOS:-h2}
 rounds=${ROUNDS:-2}
 buckets=${BUCKETS:-100000}
 port=${PORT_BASE:-18440}
 bin=$CARGO_TARGET_DIR/release
+ct_bin=${CT_BIN:-$bin/churn-throttler}
+all_servers="baseline churn-throttler peer-agnhost peer-go churn-throttler-throttled peer-go-throttled"
+servers=${SERVERS:-$all_servers}
+memory=${MEMORY:-1}
+listed() { [[ " $servers " == *" $1 "* ]]; }
 # NICE=-10 runs every server and the load generator at that priority (root only), so that
 # other work on a shared machine takes less of their CPU; the default leaves priorities alone.
 nice=""
@@ -64,11 +75,14 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
   say "building (release): churn-throttler, examples loadgen and baseline_webhook"
   cargo build --release --locked --bin churn-throttler --example loadgen --example baseline_webhook --example bench_plot
 fi
+if listed peer-go || listed peer-go-throttled; then
 say "building the Go peer (bench/peer-go)"
 (cd bench/peer-go && go build -o "$work/peer-go" .)
+fi
 # agnhost's webhook package, unmodified, from the module proxy at the control plane's
 # version; serve_loopback.go is added to it (an overlay may not touch the module cache, so
 # the build runs on a vendored copy) to listen on 127.0.0.1 instead of every interface.
+if listed peer-agnhost; then
 say "building the real Go peer (bench/peer-agnhost: k8s.io/kubernetes/test/images/agnhost/webhook)"
 agn_src=$work/peer-agnhost-src
 mkdir -p "$agn_src"
@@ -78,6 +92,7 @@ agn_pkg=$agn_src/vendor/k8s.io/kubernetes/test/images/agnhost/webhook
 [ -f "$agn_pkg/pods.go" ] || { say "go mod vendor did not bring agnhost's webhook package to $agn_pkg"; exit 1; }
 printf '{"Replace":{"%s/serve_loopback.go":"%s/bench/peer-agnhost/overlay/serve_loopback.go"}}\n' "$agn_pkg" "$root" >"$agn_src/overlay.json"
 (cd "$agn_src" && go build -mod=vendor -overlay overlay.json -o "$work/peer-agnhost" .)
+fi
 
 say "certificates (certs/gen-certs.sh, ECDSA P-256, one pair for every server)"
 bash certs/gen-certs.sh -o "$work/certs" --dns localhost --ip 127.0.0.1 >"$work/certs.log" 2>&1
@@ -118,7 +133,7 @@ ns='[{ events: 1000, window: 10m, scope: namespace }]'
 policy "$ns" "$ns" $((buckets + 1000)) >"$work/buckets.yaml"
 glob='[{ events: 1000000, window: 10m, scope: global }]'
 policy "$glob" "$glob" $((buckets + 1000)) >"$work/global.yaml"
-for p in allow throttle buckets global; do "$bin/churn-throttler" check-config "$work/$p.yaml" >/dev/null; done
+for p in allow throttle buckets global; do "$ct_bin" check-config "$work/$p.yaml" >/dev/null; done
 
 declare -A url metrics_port pid_of
 wait_port() { # port
@@ -137,21 +152,26 @@ start() { # name port command...
 }
 start_ct() { # name port policy
   metrics_port[$1]=$(($2 + 100))
-  start "$1" "$2" env RUST_LOG=warn "$bin/churn-throttler" serve --config "$work/$3.yaml" \
+  start "$1" "$2" env RUST_LOG=warn "$ct_bin" serve --config "$work/$3.yaml" \
     --tls-cert "$crt" --tls-key "$key" --listen "127.0.0.1:$2" \
     --metrics-listen "127.0.0.1:${metrics_port[$1]}" --releaser=false --shutdown-delay 0s
 }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 
-start baseline $((port + 1)) "$bin/examples/baseline_webhook" --tls-cert "$crt" --tls-key "$key" --listen "127.0.0.1:$((port + 1))"
-start_ct churn-throttler $((port + 2)) allow
-start_ct churn-throttler-throttled $((port + 3)) throttle
-start peer-go $((port + 4)) "$work/peer-go" --listen "127.0.0.1:$((port + 4))" --tls-cert "$crt" --tls-key "$key" --rate 1e12 --burst 1000000000
-start peer-go-throttled $((port + 5)) "$work/peer-go" --listen "127.0.0.1:$((port + 5))" --tls-cert "$crt" --tls-key "$key" --rate 2 --burst 20
-start peer-agnhost $((port + 8)) "$work/peer-agnhost" --listen "127.0.0.1:$((port + 8))" --tls-cert "$crt" --tls-key "$key"
-url[peer-agnhost]=https://127.0.0.1:$((port + 8))/pods # agnhost's pod validator
-servers="baseline churn-throttler peer-agnhost peer-go churn-throttler-throttled peer-go-throttled"
+for s in $servers; do
+  case $s in
+    baseline) start baseline $((port + 1)) "$bin/examples/baseline_webhook" --tls-cert "$crt" --tls-key "$key" --listen "127.0.0.1:$((port + 1))" ;;
+    churn-throttler) start_ct churn-throttler $((port + 2)) allow ;;
+    churn-throttler-throttled) start_ct churn-throttler-throttled $((port + 3)) throttle ;;
+    peer-go) start peer-go $((port + 4)) "$work/peer-go" --listen "127.0.0.1:$((port + 4))" --tls-cert "$crt" --tls-key "$key" --rate 1e12 --burst 1000000000 ;;
+    peer-go-throttled) start peer-go-throttled $((port + 5)) "$work/peer-go" --listen "127.0.0.1:$((port + 5))" --tls-cert "$crt" --tls-key "$key" --rate 2 --burst 20 ;;
+    peer-agnhost)
+      start peer-agnhost $((port + 8)) "$work/peer-agnhost" --listen "127.0.0.1:$((port + 8))" --tls-cert "$crt" --tls-key "$key"
+      url[peer-agnhost]=https://127.0.0.1:$((port + 8))/pods ;; # agnhost's pod validator
+    *) say "unknown server $s (SERVERS takes: $all_servers)"; exit 1 ;;
+  esac
+done
 
 fixtures=(--fixture tests/fixtures/pod-create-replicaset.json --fixture tests/fixtures/pod-create-statefulset.json --fixture tests/fixtures/pod-delete-running.json)
 results=$work/results.txt
@@ -199,13 +219,18 @@ for proto in $protos; do
   done
 done
 
-say "memory: $buckets distinct namespaces through scope: namespace (one bucket each) and through scope: global"
 rss_lines=()
 for s in baseline churn-throttler peer-agnhost peer-go; do
-  rss_lines+=("after the runs above|$s|$(rss_kib "${pid_of[$s]}")|$(hwm_kib "${pid_of[$s]}")|")
+  listed "$s" && rss_lines+=("after the runs above|$s|$(rss_kib "${pid_of[$s]}")|$(hwm_kib "${pid_of[$s]}")|")
 done
 offset=6
-for policy_name in buckets global; do
+memory_policies="buckets global"
+if [ "$memory" = 1 ]; then
+  say "memory: $buckets distinct namespaces through scope: namespace (one bucket each) and through scope: global"
+else
+  memory_policies=""
+fi
+for policy_name in $memory_policies; do
   name=churn-throttler-$policy_name
   start_ct "$name" $((port + offset)) "$policy_name"
   offset=$((offset + 1))
@@ -270,6 +295,36 @@ for proto in protos.split():
         peer = peer_of(k)
         print(f"| {k} | {per} | {tp[k]:.0f} | {tp[k]/tp.get('baseline', nan):.2f}× | {tp[k]/tp.get('peer-agnhost', nan):.2f}× | {tp[k]/tp.get(peer, nan):.2f}× | {cpu[k]:.0f} | {cpu[k]/cpu.get('baseline', nan):.2f}× | {cpu[k]/cpu.get('peer-agnhost', nan):.2f}× | {cpu[k]/cpu.get(peer, nan):.2f}× | {num(b,'p50_ms'):.3f} | {num(b,'p99_ms'):.3f} | {errs} |")
     print()
+    # The throttled path against the allow path and bare, round by round: each round loads
+    # the servers one after the other (the order reversed every other round), so ratios
+    # within a round share the machine's state; the medians of those ratios are the figures.
+    labels = ("baseline", "churn-throttler", "churn-throttler-throttled")
+    per_round = collections.OrderedDict()
+    for r in closed:
+        per_round.setdefault(r.get("round", "1"), {})[r["label"]] = r
+    complete = [(k, v) for k, v in per_round.items() if all(l in v for l in labels)]
+    rounds = [v for _, v in complete]
+    if rounds:
+        def med(xs):
+            xs = sorted(xs)
+            n = len(xs)
+            return (xs[n // 2] + xs[(n - 1) // 2]) / 2 if n else nan
+        tp_of = lambda v, l: num(v[l], "throughput")
+        cpu_of = lambda v, l: cpu_us(v[l])
+        pairs = [("throttled / allow", "churn-throttler-throttled", "churn-throttler"),
+                 ("throttled / bare", "churn-throttler-throttled", "baseline"),
+                 ("allow / bare", "churn-throttler", "baseline")]
+        print(f"### Throttled path against the allow path and bare, {proto}: medians of {len(rounds)} interleaved rounds\n")
+        print("| round | " + " | ".join(f"{l} req/s, CPU µs/req" for l in labels) + " | " + " | ".join(f"{n}: req/s, CPU/req" for n, _, _ in pairs) + " |")
+        print("| ---: |" + " ---: |" * (len(labels) + len(pairs)))
+        for k, v in complete:
+            cells = [f"{tp_of(v, l):.0f}, {cpu_of(v, l):.1f}" for l in labels]
+            cells += [f"{tp_of(v, a)/tp_of(v, b):.3f}×, {cpu_of(v, a)/cpu_of(v, b):.3f}×" for _, a, b in pairs]
+            print(f"| {k} | " + " | ".join(cells) + " |")
+        cells = [f"{med([tp_of(v, l) for v in rounds]):.0f}, {med([cpu_of(v, l) for v in rounds]):.1f}" for l in labels]
+        cells += [f"**{med([tp_of(v, a)/tp_of(v, b) for v in rounds]):.3f}×, {med([cpu_of(v, a)/cpu_of(v, b) for v in rounds]):.3f}×**" for _, a, b in pairs]
+        print("| median | " + " | ".join(cells) + " |")
+        print()
 print("### Resident memory (VmRSS, MiB)\n")
 print("| when | server | RSS | peak (VmHWM) | live buckets (metric) |")
 print("| --- | --- | ---: | ---: | ---: |")

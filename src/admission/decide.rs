@@ -2,7 +2,7 @@
 //! Pure: the caller supplies `now` and performs any waiting a `Hold` asks for.
 
 use super::classify::{classify, ChurnRequest, Classified, PassReason};
-use super::verdict::{describe, rate, round_up_secs, Cx, Decision, Endpoint, Verdict};
+use super::verdict::{round_up_secs, Cx, Decision, Endpoint, Note, Verdict};
 use crate::limiter::{Identity, Limiter, Millis, Outcome, RefusedWhy, RETRY_ARRIVAL_MARGIN_MS};
 use crate::policy::{Action, ChurnKind, Policy, RequestFacts, Rule};
 use crate::queue::Snapshot;
@@ -40,6 +40,21 @@ pub fn decide_classified(
     }
 }
 
+/// [`decide_classified`] with the sentence left as a [`Note`] (see [`decide_unwritten`]).
+pub fn decide_classified_unwritten(
+    classified: &Classified,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    queue: Option<&Snapshot>,
+    now: Millis,
+) -> Decision {
+    match classified {
+        Classified::Pass(reason) => Decision::bare(Verdict::Pass(*reason), None),
+        Classified::Churn(churn) => decide_unwritten(churn, endpoint, policy, limiter, queue, now),
+    }
+}
+
 pub fn decide_churn(
     churn: &ChurnRequest,
     endpoint: Endpoint,
@@ -51,6 +66,21 @@ pub fn decide_churn(
 }
 
 pub fn decide_churn_queued(
+    churn: &ChurnRequest,
+    endpoint: Endpoint,
+    policy: &Policy,
+    limiter: &mut Limiter,
+    queue: Option<&Snapshot>,
+    now: Millis,
+) -> Decision {
+    let mut decision = decide_unwritten(churn, endpoint, policy, limiter, queue, now);
+    decision.write_message(policy, churn);
+    decision
+}
+
+/// [`decide_churn_queued`] with the decision's sentence left as a [`Note`]: the server
+/// decides under the limiter's lock and writes it ([`Decision::write_message`]) after.
+pub fn decide_unwritten(
     churn: &ChurnRequest,
     endpoint: Endpoint,
     policy: &Policy,
@@ -161,76 +191,62 @@ fn hold_or_retry(cx: &Cx<'_>, limiter: &mut Limiter) -> Decision {
                 return decided(Verdict::Hold { until: slot }, None);
             }
             let seconds = retry_seconds(rule, &churn.identity, wait);
-            decided(
+            cx.noted(
                 Verdict::RetryAfter { seconds, slot },
-                Some(throttled_message(rule, churn, wait, Some(seconds))),
+                Note::Throttled {
+                    wait,
+                    retry: Some(seconds),
+                },
             )
         }
         Outcome::Refused { retry_at, why } => {
             let wait = retry_at.saturating_sub(now).max(1);
             let seconds = retry_seconds(rule, &churn.identity, wait);
-            let message = if why == RefusedWhy::BeyondReach {
-                format!(
-                    "churn-throttler: rule {:?} allows {}; every slot up to {}s ahead is taken, so this {} \
-                     is not queued: retry after {seconds}s",
-                    rule.name,
-                    rate(rule),
-                    rule.max_retry_after.as_secs(),
-                    describe(churn),
-                )
+            let note = if why == RefusedWhy::BeyondReach {
+                Note::BeyondReach { retry: seconds }
             } else {
-                throttled_message(rule, churn, wait, Some(seconds))
+                Note::Throttled {
+                    wait,
+                    retry: Some(seconds),
+                }
             };
-            decided(
+            cx.noted(
                 Verdict::RetryAfter {
                     seconds,
                     slot: retry_at,
                 },
-                Some(message),
+                note,
             )
         }
     }
 }
 
 fn deny(cx: &Cx<'_>, limiter: &mut Limiter) -> Decision {
-    let (churn, rule, now) = (cx.churn, cx.rule, cx.now);
-    let decided = |verdict, message| cx.decided(verdict, message);
-    let ask = |reserve| cx.ask(reserve);
-    match limiter.acquire(&ask(false), now) {
-        Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+    let now = cx.now;
+    match limiter.acquire(&cx.ask(false), now) {
+        Outcome::Admitted | Outcome::Claimed { .. } => cx.decided(Verdict::Admitted, None),
         Outcome::Reserved { slot }
         | Outcome::Held { slot }
         | Outcome::Refused { retry_at: slot, .. } => {
             let wait = slot.saturating_sub(now);
-            decided(
+            cx.noted(
                 Verdict::Deny { wait_ms: wait },
-                Some(throttled_message(rule, churn, wait, None)),
+                Note::Throttled { wait, retry: None },
             )
         }
     }
 }
 
 fn warn(cx: &Cx<'_>, limiter: &mut Limiter) -> Decision {
-    let (churn, rule, now) = (cx.churn, cx.rule, cx.now);
-    let decided = |verdict, message| cx.decided(verdict, message);
-    let ask = |reserve| cx.ask(reserve);
-    match limiter.acquire(&ask(false), now) {
-        Outcome::Admitted | Outcome::Claimed { .. } => decided(Verdict::Admitted, None),
+    let now = cx.now;
+    match limiter.acquire(&cx.ask(false), now) {
+        Outcome::Admitted | Outcome::Claimed { .. } => cx.decided(Verdict::Admitted, None),
         Outcome::Reserved { slot }
         | Outcome::Held { slot }
         | Outcome::Refused { retry_at: slot, .. } => {
             cx.record(limiter);
             let wait = slot.saturating_sub(now);
-            decided(
-                Verdict::Warn { wait_ms: wait },
-                Some(format!(
-                    "churn-throttler (warn only): rule {:?} allows {}; enforcing it would delay this {} by {}s",
-                    rule.name,
-                    rate(rule),
-                    describe(churn),
-                    round_up_secs(wait)
-                )),
-            )
+            cx.noted(Verdict::Warn { wait_ms: wait }, Note::Warn { wait })
         }
     }
 }
@@ -245,23 +261,4 @@ fn retry_seconds(rule: &Rule, identity: &Identity, wait: Millis) -> u32 {
         Identity::Pool(_) => wait,
     };
     round_up_secs(wait.saturating_sub(RETRY_ARRIVAL_MARGIN_MS))
-}
-
-fn throttled_message(
-    rule: &Rule,
-    churn: &ChurnRequest,
-    wait: Millis,
-    retry: Option<u32>,
-) -> String {
-    let head = format!(
-        "churn-throttler: rule {:?} allows {}; this {} has to wait {:.1}s",
-        rule.name,
-        rate(rule),
-        describe(churn),
-        wait as f64 / 1000.0
-    );
-    match retry {
-        Some(seconds) => format!("{head}, retry after {seconds}s (the request keeps its place)"),
-        None => format!("{head} (denied without retry: the action of this rule is deny)"),
-    }
 }

@@ -11,11 +11,11 @@ mod verdict;
 /// Kept for src/simulate's import path only; the names live in `crate::names`.
 pub use crate::names::GATE_NAME;
 pub use classify::{classify, max_unavailable, ChurnRequest, Classified, PassReason};
-pub use decide::{decide, decide_classified};
+pub use decide::{decide, decide_classified, decide_classified_unwritten};
 pub use gate::mark_admission;
 pub use partition::{plan_partition, PartitionPlan};
 pub use respond::{respond, review_json};
-pub use verdict::{Decision, Endpoint, Verdict};
+pub use verdict::{Decision, Endpoint, Note, Verdict};
 
 #[cfg(test)]
 mod tests;

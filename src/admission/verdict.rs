@@ -3,7 +3,7 @@
 
 use super::classify::{ChurnRequest, PassReason};
 use crate::limiter::{Ask, Limiter, Millis, RETRY_ARRIVAL_MARGIN_MS};
-use crate::policy::{Action, ChurnKind, Rule};
+use crate::policy::{Action, ChurnKind, Policy, Rule};
 use json_patch::Patch;
 use std::sync::Arc;
 
@@ -77,6 +77,60 @@ pub struct Decision {
     pub kind: Option<ChurnKind>,
     /// A sentence for the person reading kubectl output (denials and warnings).
     pub message: Option<String>,
+    /// The sentence still to write, if any ([`Decision::write_message`] writes it).
+    pub note: Option<Note>,
+}
+
+/// A decision's sentence before it is written: what it says, in numbers. The server
+/// writes it once the limiter's lock is released, so a 429 answered under a flood does
+/// not format text while every other review waits for the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Note {
+    /// Has to wait `wait` ms; told to retry after `retry` seconds, or denied (None).
+    Throttled { wait: Millis, retry: Option<u32> },
+    /// Every slot up to the rule's maxRetryAfter is taken: not queued.
+    BeyondReach { retry: u32 },
+    /// Allowed over the limit, which would have delayed it by `wait` ms.
+    Warn { wait: Millis },
+}
+
+impl Note {
+    pub(super) fn write(self, rule: &Rule, churn: &ChurnRequest) -> String {
+        match self {
+            Note::Throttled { wait, retry } => {
+                let head = format!(
+                    "churn-throttler: rule {:?} allows {}; this {} has to wait {:.1}s",
+                    rule.name,
+                    rate(rule),
+                    describe(churn),
+                    wait as f64 / 1000.0
+                );
+                match retry {
+                    Some(seconds) => format!(
+                        "{head}, retry after {seconds}s (the request keeps its place)"
+                    ),
+                    None => format!(
+                        "{head} (denied without retry: the action of this rule is deny)"
+                    ),
+                }
+            }
+            Note::BeyondReach { retry } => format!(
+                "churn-throttler: rule {:?} allows {}; every slot up to {}s ahead is taken, so this {} \
+                 is not queued: retry after {retry}s",
+                rule.name,
+                rate(rule),
+                rule.max_retry_after.as_secs(),
+                describe(churn),
+            ),
+            Note::Warn { wait } => format!(
+                "churn-throttler (warn only): rule {:?} allows {}; enforcing it would delay this {} by {}s",
+                rule.name,
+                rate(rule),
+                describe(churn),
+                round_up_secs(wait)
+            ),
+        }
+    }
 }
 
 impl Decision {
@@ -86,6 +140,23 @@ impl Decision {
             rule: None,
             kind,
             message: None,
+            note: None,
+        }
+    }
+
+    /// Writes the sentence a decision left as a [`Note`] (`policy` is the one it was
+    /// decided under, `churn` its request); nothing to do for any other decision.
+    pub fn write_message(&mut self, policy: &Policy, churn: &ChurnRequest) {
+        let Some(note) = self.note else {
+            return;
+        };
+        let rule = self
+            .rule
+            .as_deref()
+            .and_then(|name| policy.rules.iter().find(|r| r.name.as_ref() == name));
+        if let Some(rule) = rule {
+            self.message = Some(note.write(rule, churn));
+            self.note = None;
         }
     }
 }
@@ -104,6 +175,15 @@ impl Cx<'_> {
             rule: Some(self.rule.name.clone()),
             kind: Some(self.churn.kind),
             message,
+            note: None,
+        }
+    }
+
+    /// [`Cx::decided`] with its sentence left to write ([`Decision::write_message`]).
+    pub(super) fn noted(&self, verdict: Verdict, note: Note) -> Decision {
+        Decision {
+            note: Some(note),
+            ..self.decided(verdict, None)
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::{Millis, MAX_GAP_CANDIDATES};
 use crate::policy::Limit;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// The spacing constraint of a limit whose burst is below its events.
@@ -51,12 +51,44 @@ pub fn spaced_after(limit: &Limit, times: &[Millis], from: Millis) -> Millis {
     }
 }
 
+/// One namespace's reservations in a bucket: how many, and their slots, so a namespace
+/// refused for its share is told its earliest one without a scan of every reservation.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Held {
+    pub(super) count: u32,
+    /// Slot -> reservations at it.
+    slots: BTreeMap<Millis, u32>,
+}
+
+impl Held {
+    pub(super) fn add(&mut self, slot: Millis) {
+        self.count += 1;
+        *self.slots.entry(slot).or_insert(0) += 1;
+    }
+
+    /// Forgets one reservation at `slot`; true when none is left.
+    pub(super) fn remove(&mut self, slot: Millis) -> bool {
+        self.count = self.count.saturating_sub(1);
+        if let Some(at) = self.slots.get_mut(&slot) {
+            *at -= 1;
+            if *at == 0 {
+                self.slots.remove(&slot);
+            }
+        }
+        self.count == 0
+    }
+
+    pub(super) fn earliest(&self) -> Option<Millis> {
+        self.slots.keys().next().copied()
+    }
+}
+
 #[derive(Debug, Default, Clone)]
 pub(super) struct Bucket {
     /// Charge times, non-decreasing; may extend into the future (reserved slots).
     pub(super) charges: VecDeque<Millis>,
     /// Future slots held per namespace, for the fair share.
-    pub(super) reserved_by_namespace: HashMap<Arc<str>, u32>,
+    pub(super) reserved_by_namespace: HashMap<Arc<str>, Held>,
     pub(super) window: Millis,
     pub(super) events: u32,
     pub(super) spacing: Option<Spacing>,
@@ -71,6 +103,38 @@ impl Bucket {
     pub(super) fn earliest(&self, limit: &Limit, cost: u32, now: Millis) -> Millis {
         let window = limit.kept_window_ms();
         self.earliest_for(limit.events, window, Spacing::of(limit), cost, now)
+    }
+
+    /// Whether `cost` charges fit at `t` itself: exactly when [`Bucket::earliest`] from
+    /// `t` answers `t`, but without searching a fully booked future for a later gap, so a
+    /// request that is refused anyway (its namespace holds its share) costs no search.
+    pub(super) fn fits_at(&self, limit: &Limit, cost: u32, t: Millis) -> bool {
+        let events = limit.events;
+        if !self.window_fits_at(events, limit.kept_window_ms(), cost, t) {
+            return false;
+        }
+        let Some(spacing) = Spacing::of(limit) else {
+            return true;
+        };
+        // `earliest_for`'s first round, from `t`: any other answer lies after `t`.
+        let cost = Millis::from(cost.clamp(1, events.max(1)));
+        if t >= self.last() {
+            spacing.earliest_after(self.tat(spacing, t), cost) <= t
+        } else {
+            self.spacing_conflict(spacing, cost, t).is_none()
+        }
+    }
+
+    /// Whether [`Bucket::window_earliest`] from `t` answers `t`: every one of its later
+    /// candidates lies after `t`.
+    fn window_fits_at(&self, events: u32, window: Millis, cost: u32, t: Millis) -> bool {
+        let events = (events as usize).max(1);
+        let cost = (cost as usize).clamp(1, events);
+        if t >= self.last() {
+            self.earliest_after_all(events, cost, window, t) == t
+        } else {
+            self.fits(t, events, cost, window)
+        }
     }
 
     /// [`Bucket::earliest`] for the limit this bucket was last charged under.

@@ -171,58 +171,59 @@ impl Limiter {
     /// events exceed the limit in windows the slot was not in. It is charged from `now`
     /// instead, ahead of the reservations after it ([`Limiter::reclaim_late`]).
     pub fn acquire(&mut self, ask: &Ask<'_>, now: Millis) -> Outcome {
-        let rule = ask.rule.clone();
-        if let Some(outcome) = self.claim(&rule, ask, now) {
+        if let Some(outcome) = self.claim(ask.rule, ask, now) {
             return outcome;
         }
         let keys = self.bucket_keys(ask);
-        let slot = self.earliest_common(&keys, now, |bucket, index, t| {
-            bucket.earliest(&ask.limits[index], ask.cost, t)
+        // Room now in every bucket is the common allow, and needs no search for a later
+        // gap: exactly when that search would answer `now` (`Bucket::fits_at`).
+        let fits_now = keys.iter().zip(ask.limits).all(|(key, limit)| {
+            self.buckets
+                .get(key)
+                .is_none_or(|bucket| bucket.fits_at(limit, ask.cost, now))
         });
-        let slot = match ask.align_beyond {
-            Some(threshold) if slot > now + threshold => self.aligned(&keys, ask, now, slot),
-            _ => slot,
-        };
-
-        if slot <= now {
+        if fits_now {
             if !ask.dry_run {
-                self.charge_all(&keys, ask.limits, slot, ask.cost, now);
+                self.charge_all(&keys, ask.limits, now, ask.cost, now);
             }
             return Outcome::Admitted;
         }
         if !ask.reserve || ask.dry_run {
             return Outcome::Refused {
-                retry_at: slot,
+                retry_at: self.slot(&keys, ask, now),
                 why: RefusedWhy::NotReserving,
             };
         }
-        let namespace: Arc<str> = Arc::from(ask.namespace);
         // Fair share: a namespace holding its share of future slots in any bucket waits
-        // for its own earliest reservation instead of taking more.
+        // for its own earliest reservation instead of taking more. Checked before the
+        // search for a slot, which it does not need: under a mass re-creation most asks
+        // end here, and a fully booked future is the costly part to search.
         for key in &keys {
-            if let Some(bucket) = self.buckets.get(key) {
-                let held = bucket
-                    .reserved_by_namespace
-                    .get(&namespace)
-                    .copied()
-                    .unwrap_or(0);
-                if held >= ask.max_reserved_per_namespace {
-                    let retry_at = self
-                        .earliest_reservation_of(&namespace, key)
-                        .unwrap_or(slot);
-                    // A reservation already due waits for its late client: ask again in a second.
-                    let retry_at = if retry_at <= now {
-                        now + 1_000
-                    } else {
-                        retry_at
-                    };
-                    return Outcome::Refused {
-                        retry_at,
-                        why: RefusedWhy::NamespaceShare,
-                    };
-                }
+            let Some(bucket) = self.buckets.get(key) else {
+                continue;
+            };
+            let held = bucket
+                .reserved_by_namespace
+                .get(ask.namespace)
+                .map_or(0, |held| held.count);
+            if held >= ask.max_reserved_per_namespace {
+                let retry_at = match self.earliest_reservation_of(ask.namespace, key) {
+                    Some(at) => at,
+                    None => self.slot(&keys, ask, now),
+                };
+                // A reservation already due waits for its late client: ask again in a second.
+                let retry_at = if retry_at <= now {
+                    now + 1_000
+                } else {
+                    retry_at
+                };
+                return Outcome::Refused {
+                    retry_at,
+                    why: RefusedWhy::NamespaceShare,
+                };
             }
         }
+        let slot = self.slot(&keys, ask, now);
         if self.reservation_count >= self.max_reservations {
             return Outcome::Refused {
                 retry_at: slot,
@@ -235,11 +236,23 @@ impl Limiter {
             Reservation {
                 slot,
                 cost: ask.cost,
-                namespace,
+                namespace: Arc::from(ask.namespace),
                 buckets: keys,
             },
         );
         Outcome::Reserved { slot }
+    }
+
+    /// The earliest slot with room in every bucket, aligned for Retry-After when it lies
+    /// beyond the ask's hold (after `now`: the caller knows it does not fit now).
+    fn slot(&self, keys: &[BucketKey], ask: &Ask<'_>, now: Millis) -> Millis {
+        let slot = self.earliest_common(keys, now, |bucket, index, t| {
+            bucket.earliest(&ask.limits[index], ask.cost, t)
+        });
+        match ask.align_beyond {
+            Some(threshold) if slot > now + threshold => self.aligned(keys, ask, now, slot),
+            _ => slot,
+        }
     }
 
     /// `slot` moved up to a whole number of seconds after `now` plus the arrival margin,

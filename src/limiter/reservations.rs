@@ -32,10 +32,11 @@ impl Limiter {
     pub(super) fn keep(&mut self, ask: &Ask<'_>, reservation: Reservation) {
         for key in &reservation.buckets {
             if let Some(bucket) = self.buckets.get_mut(key) {
-                *bucket
+                bucket
                     .reserved_by_namespace
                     .entry(reservation.namespace.clone())
-                    .or_insert(0) += 1;
+                    .or_default()
+                    .add(reservation.slot);
             }
         }
         let rule = ask.rule.clone();
@@ -160,7 +161,7 @@ impl Limiter {
         for r in later {
             let slot = self.earliest_in(&r.buckets, r.cost, r.slot);
             self.charge_in(&r.buckets, slot, r.cost);
-            self.reservation_mut(&r.place).slot = slot;
+            self.move_share(&r.place, &r.buckets, r.slot, slot);
             if let Place::Pool(key, _) = r.place {
                 moved_pools.push(key);
             }
@@ -244,28 +245,43 @@ impl Limiter {
         self.reservation_count = self.reservation_count.saturating_sub(1);
         for key in &reservation.buckets {
             if let Some(bucket) = self.buckets.get_mut(key) {
-                if let Some(held) = bucket.reserved_by_namespace.get_mut(&reservation.namespace) {
-                    *held -= 1;
-                    if *held == 0 {
-                        bucket.reserved_by_namespace.remove(&reservation.namespace);
-                    }
+                let held = bucket.reserved_by_namespace.get_mut(&reservation.namespace);
+                if held.is_some_and(|held| held.remove(reservation.slot)) {
+                    bucket.reserved_by_namespace.remove(&reservation.namespace);
                 }
             }
         }
     }
 
+    /// The earliest slot `namespace` holds in `key`'s bucket, from the bucket's index of
+    /// them: no scan of the reservation table.
     pub(super) fn earliest_reservation_of(
         &self,
-        namespace: &Arc<str>,
+        namespace: &str,
         key: &BucketKey,
     ) -> Option<Millis> {
-        let exact = self.exact.values();
-        let pooled = self.pools.values().flatten();
-        exact
-            .chain(pooled)
-            .filter(|r| &r.namespace == namespace && r.buckets.contains(key))
-            .map(|r| r.slot)
-            .min()
+        self.buckets
+            .get(key)?
+            .reserved_by_namespace
+            .get(namespace)?
+            .earliest()
+    }
+
+    /// A reservation moved from `from` to `to`: its buckets' index of slots follows.
+    fn move_share(&mut self, place: &Place, buckets: &[BucketKey], from: Millis, to: Millis) {
+        let reservation = self.reservation_mut(place);
+        reservation.slot = to;
+        let namespace = reservation.namespace.clone();
+        for key in buckets {
+            let held = self
+                .buckets
+                .get_mut(key)
+                .and_then(|b| b.reserved_by_namespace.get_mut(&namespace));
+            if let Some(held) = held {
+                held.remove(from);
+                held.add(to);
+            }
+        }
     }
 
     /// Removes the ask's reservation at `slot` and gives its charges back.

@@ -1176,3 +1176,348 @@ fn generated_runs_reach_the_overflow_bucket() {
     }
     assert!(overflowed >= 10, "only {overflowed} of 100 runs overflowed");
 }
+
+// The fast path of `acquire` (room now, then the namespace's share, before any search
+// for a later slot; the share's earliest reservation from the bucket's index) answers
+// exactly what the full search answered before it. That full search is kept here as the
+// reference.
+
+/// `acquire` as it was: the slot searched (and aligned) first, then the namespace's
+/// share, its earliest reservation found by a scan of every reservation.
+fn acquire_by_full_search(limiter: &mut Limiter, ask: &Ask<'_>, now: Millis) -> Outcome {
+    let rule = ask.rule.clone();
+    if let Some(outcome) = limiter.claim(&rule, ask, now) {
+        return outcome;
+    }
+    let keys = limiter.bucket_keys(ask);
+    let slot = limiter.earliest_common(&keys, now, |bucket, index, t| {
+        bucket.earliest(&ask.limits[index], ask.cost, t)
+    });
+    let slot = match ask.align_beyond {
+        Some(threshold) if slot > now + threshold => limiter.aligned(&keys, ask, now, slot),
+        _ => slot,
+    };
+    if slot <= now {
+        if !ask.dry_run {
+            limiter.charge_all(&keys, ask.limits, slot, ask.cost, now);
+        }
+        return Outcome::Admitted;
+    }
+    if !ask.reserve || ask.dry_run {
+        return Outcome::Refused {
+            retry_at: slot,
+            why: RefusedWhy::NotReserving,
+        };
+    }
+    let namespace: Arc<str> = Arc::from(ask.namespace);
+    for key in &keys {
+        if let Some(bucket) = limiter.buckets.get(key) {
+            let held = bucket
+                .reserved_by_namespace
+                .get(&namespace)
+                .map_or(0, |held| held.count);
+            if held >= ask.max_reserved_per_namespace {
+                let retry_at =
+                    earliest_reservation_by_scan(limiter, &namespace, key).unwrap_or(slot);
+                let retry_at = if retry_at <= now {
+                    now + 1_000
+                } else {
+                    retry_at
+                };
+                return Outcome::Refused {
+                    retry_at,
+                    why: RefusedWhy::NamespaceShare,
+                };
+            }
+        }
+    }
+    if limiter.reservation_count >= limiter.max_reservations {
+        return Outcome::Refused {
+            retry_at: slot,
+            why: RefusedWhy::TableFull,
+        };
+    }
+    limiter.charge_all(&keys, ask.limits, slot, ask.cost, now);
+    limiter.keep(
+        ask,
+        Reservation {
+            slot,
+            cost: ask.cost,
+            namespace,
+            buckets: keys,
+        },
+    );
+    Outcome::Reserved { slot }
+}
+
+/// The scan `earliest_reservation_of` was: every reservation of every identity.
+fn earliest_reservation_by_scan(
+    limiter: &Limiter,
+    namespace: &str,
+    key: &BucketKey,
+) -> Option<Millis> {
+    let exact = limiter.exact.values();
+    let pooled = limiter.pools.values().flatten();
+    exact
+        .chain(pooled)
+        .filter(|r| &*r.namespace == namespace && r.buckets.contains(key))
+        .map(|r| r.slot)
+        .min()
+}
+
+/// Every bucket's index of reserved slots per namespace says what a scan of the
+/// reservations says: how many, and the earliest.
+fn share_index_faults(limiter: &Limiter) -> Vec<String> {
+    let mut scanned: HashMap<(BucketKey, Arc<str>), (u32, Millis)> = HashMap::new();
+    for r in limiter
+        .exact
+        .values()
+        .chain(limiter.pools.values().flatten())
+    {
+        for key in &r.buckets {
+            let entry = scanned
+                .entry((key.clone(), r.namespace.clone()))
+                .or_insert((0, Millis::MAX));
+            entry.0 += 1;
+            entry.1 = entry.1.min(r.slot);
+        }
+    }
+    let mut faults = Vec::new();
+    let mut indexed = 0;
+    for (key, bucket) in &limiter.buckets {
+        for (namespace, held) in &bucket.reserved_by_namespace {
+            indexed += 1;
+            let scan = scanned.get(&(key.clone(), namespace.clone()));
+            if scan != Some(&(held.count, held.earliest().unwrap_or(Millis::MAX))) {
+                faults.push(format!(
+                    "{key:?} {namespace}: index {held:?}, scan {scan:?}"
+                ));
+            }
+        }
+    }
+    if indexed != scanned.len() {
+        faults.push(format!("{indexed} indexed, {} scanned", scanned.len()));
+    }
+    faults
+}
+
+#[derive(Debug, Clone)]
+struct TwinArrival {
+    gap_ms: u64,
+    namespace: u8,
+    pool: bool,
+    cost: u32,
+    /// 0: a dry run, 1: an ask that does not reserve (deny, warn), else a reserving one.
+    mode: u8,
+    /// Asked through `acquire_within` (a retry-after rule's reach) rather than `acquire`.
+    within: bool,
+    retry_offset_ms: i64,
+    sweep: bool,
+}
+
+fn twin_arrivals() -> impl Strategy<Value = Vec<TwinArrival>> {
+    let gap = prop_oneof![8 => 0u64..300, 1 => 3_000u64..45_000];
+    let offset = prop_oneof![
+        Just(0i64),
+        -(RETRY_ARRIVAL_MARGIN_MS as i64)..0,
+        1i64..1_500
+    ];
+    prop::collection::vec(
+        (
+            gap,
+            0u8..4,
+            any::<bool>(),
+            1u32..4,
+            0u8..8,
+            any::<bool>(),
+            offset,
+            prop::bool::weighted(0.05),
+        )
+            .prop_map(
+                |(gap_ms, namespace, pool, cost, mode, within, retry_offset_ms, sweep)| {
+                    TwinArrival {
+                        gap_ms,
+                        namespace,
+                        pool,
+                        cost: if pool { 1 } else { cost },
+                        mode,
+                        within,
+                        retry_offset_ms,
+                        sweep,
+                    }
+                },
+            ),
+        1..120,
+    )
+}
+
+/// Runs the arrivals (and their retries, each request at most 12 times) through two
+/// limiters, one deciding with `acquire`, the other with the full search; returns the
+/// refusals seen, or the first step where their answers, or the new limiter's share
+/// index, differ.
+fn twin_run(
+    limits: &[Limit],
+    share: u32,
+    hold: bool,
+    input: &[TwinArrival],
+) -> Result<Vec<RefusedWhy>, String> {
+    const REACH: Millis = 2_000;
+    let rule: Arc<str> = Arc::from("rule");
+    let mut fast = Limiter::new(GENERATED_MAX_BUCKETS);
+    let mut full = Limiter::new(GENERATED_MAX_BUCKETS);
+    let identities: Vec<(Identity, String)> = input
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let ns = format!("ns-{}", a.namespace);
+            let id = if a.pool {
+                Identity::Pool(format!("{ns}/rs-"))
+            } else {
+                Identity::Exact(format!("{ns}/pod-{i}"))
+            };
+            (id, ns)
+        })
+        .collect();
+    // (time, sequence, request index, attempt)
+    let mut queue: BinaryHeap<Reverse<(u64, usize, usize, u32)>> = BinaryHeap::new();
+    let mut now = 0;
+    for (i, a) in input.iter().enumerate() {
+        now += a.gap_ms;
+        queue.push(Reverse((now, i, i, 0)));
+    }
+    let mut seq = input.len();
+    let mut steps = 0;
+    let mut seen = Vec::new();
+    while let Some(Reverse((at, _, i, attempt))) = queue.pop() {
+        steps += 1;
+        let a = &input[i];
+        let (identity, ns) = &identities[i];
+        if a.sweep && attempt == 0 {
+            let (f, s) = (fast.sweep(at), full.sweep(at));
+            if (f.buckets, f.reservations) != (s.buckets, s.reservations) {
+                return Err(format!("step {steps}: sweeps differ, {f:?} against {s:?}"));
+            }
+        }
+        let mut request = ask(&rule, limits, ns, identity);
+        request.cost = a.cost;
+        request.max_reserved_per_namespace = share;
+        request.align_beyond = hold.then_some(RETRY_ARRIVAL_MARGIN_MS);
+        request.dry_run = a.mode == 0;
+        request.reserve = a.mode != 1;
+        let (got, want) = if a.within {
+            let got = fast.acquire_within(&request, at, REACH);
+            let want = match acquire_by_full_search(&mut full, &request, at) {
+                Outcome::Reserved { slot } if slot > at + REACH => {
+                    full.cancel_reservation(&request, slot);
+                    Outcome::Refused {
+                        retry_at: at + REACH,
+                        why: RefusedWhy::BeyondReach,
+                    }
+                }
+                other => other,
+            };
+            (got, want)
+        } else {
+            (
+                fast.acquire(&request, at),
+                acquire_by_full_search(&mut full, &request, at),
+            )
+        };
+        if got != want {
+            return Err(format!(
+                "step {steps} at {at}, request {i} {a:?}: fast path {got:?}, full search {want:?}"
+            ));
+        }
+        if let Outcome::Refused { why, .. } = got {
+            if !seen.contains(&why) {
+                seen.push(why);
+            }
+        }
+        let faults = share_index_faults(&fast);
+        if !faults.is_empty() {
+            return Err(format!("step {steps} at {at}: share index: {faults:?}"));
+        }
+        let retry_at = match got {
+            Outcome::Reserved { slot } if hold && slot - at <= RETRY_ARRIVAL_MARGIN_MS => {
+                fast.consume(&rule, identity, slot);
+                full.consume(&rule, identity, slot);
+                None
+            }
+            Outcome::Reserved { slot } => {
+                Some(slot.saturating_add_signed(a.retry_offset_ms).max(at + 1))
+            }
+            Outcome::Refused { retry_at, .. } => Some(retry_at.max(at + 1)),
+            Outcome::Admitted | Outcome::Claimed { .. } | Outcome::Held { .. } => None,
+        };
+        if let Some(retry_at) = retry_at.filter(|_| attempt < 12) {
+            queue.push(Reverse((retry_at, seq, i, attempt + 1)));
+            seq += 1;
+        }
+    }
+    for (key, bucket) in &fast.buckets {
+        let other = full.buckets.get(key).map(|b| &b.charges);
+        if other != Some(&bucket.charges) {
+            return Err(format!(
+                "{key:?}: charges {:?} against {other:?}",
+                bucket.charges
+            ));
+        }
+    }
+    if fast.buckets.len() != full.buckets.len() || fast.reservation_count != full.reservation_count
+    {
+        return Err("the limiters' tables differ at the end".to_string());
+    }
+    Ok(seen)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn fits_at_is_the_earliest_answering_the_time_asked(
+        mut charges in prop::collection::vec(0u64..10_000, 0..40),
+        limit in generated_limit(Scope::Global),
+        cost in 1u32..4,
+        t in 0u64..12_000,
+    ) {
+        charges.sort_unstable();
+        let bucket = Bucket { charges: charges.into(), ..Bucket::default() };
+        prop_assert_eq!(bucket.fits_at(&limit, cost, t), bucket.earliest(&limit, cost, t) == t);
+    }
+
+    #[test]
+    fn the_fast_path_answers_what_the_full_search_answered(
+        limits in generated_rule(), share in 1u32..4, hold in any::<bool>(), input in twin_arrivals()
+    ) {
+        if let Err(fault) = twin_run(&limits, share, hold, &input) {
+            prop_assert!(false, "{}", fault);
+        }
+    }
+}
+
+/// A run that reaches every refusal the fast path answers before the search (a
+/// namespace's share) or after it (the table full, beyond the reach), and the twin
+/// comparison holds through it.
+#[test]
+fn twin_runs_reach_every_refusal() {
+    let input: Vec<TwinArrival> = (0..80u8)
+        .map(|i| TwinArrival {
+            gap_ms: 5,
+            namespace: if i % 2 == 0 { 0 } else { 1 + (i / 2) % 7 },
+            pool: false,
+            cost: 1,
+            mode: 2,
+            within: i % 3 == 0,
+            retry_offset_ms: 0,
+            sweep: false,
+        })
+        .collect();
+    let seen = twin_run(&[limit(2, 1_000, Scope::Global)], 3, true, &input).expect("twin run");
+    for why in [
+        RefusedWhy::NamespaceShare,
+        RefusedWhy::TableFull,
+        RefusedWhy::BeyondReach,
+    ] {
+        assert!(seen.contains(&why), "{why:?} not reached: {seen:?}");
+    }
+}

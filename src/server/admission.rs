@@ -3,8 +3,8 @@
 use super::pods::Check;
 use super::state::AppState;
 use crate::admission::{
-    classify, decide_classified, mark_admission, respond, ChurnRequest, Classified, Decision,
-    Endpoint, PassReason, Verdict,
+    classify, decide_classified_unwritten, mark_admission, respond, ChurnRequest, Classified,
+    Decision, Endpoint, PassReason, Verdict,
 };
 use crate::limiter::{Ask, Identity, Millis};
 use crate::policy::{Limit, Policy};
@@ -201,9 +201,9 @@ async fn review(
     let now = now_millis();
     let policy = state.decision_policy(now);
     let queue = state.queue_cell().get();
-    let decision = {
+    let mut decision = {
         let mut limiter = state.limiter();
-        let decision = decide_classified(
+        let decision = decide_classified_unwritten(
             &classified,
             endpoint,
             &policy,
@@ -216,6 +216,10 @@ async fn review(
             None => decision,
         }
     };
+    // Written once the lock is released: no review waits for another's text.
+    if let Some(churn) = churn {
+        decision.write_message(&policy, churn);
+    }
     let rule = decision.rule.as_deref().unwrap_or("none");
     let operation = decision
         .kind
