@@ -2,7 +2,7 @@
 //! Pure: the caller supplies `now` and performs any waiting a `Hold` asks for.
 
 use super::classify::{classify, ChurnRequest, Classified, PassReason};
-use super::verdict::{round_up_secs, Cx, Decision, Endpoint, Note, Verdict};
+use super::verdict::{describe, round_up_secs, Cx, Decision, Endpoint, Note, Verdict};
 use crate::limiter::{Identity, Limiter, Millis, Outcome, RefusedWhy, RETRY_ARRIVAL_MARGIN_MS};
 use crate::policy::{Action, ChurnKind, Policy, RequestFacts, Rule};
 use crate::queue::Snapshot;
