@@ -17,6 +17,8 @@
 #     10 s window from the API server's audit log (slowpods_report.py audit), at most 20
 #     (the built-in rules' limit) in every run; start latency (binding ->
 #     PodReadyToStartContainers), the CNI queue and failed ADDs from the emulator's records;
+#     Debian's Prometheus scrapes each emulator every second (file_sd, a `scenario` label):
+#     the wired pods and the queue are also read from it, by the metrics' own names;
 #   - checks, adaptive run, every C (issue 29): start p99 <= 3 x (2 s + 1/C) + 0.5 s,
 #     queue <= max(5, 2 s x C), no failed ADD, makespan (the change -> the last
 #     PodReadyToStartContainers) <= 1.15 x (pods / min(C, 2) + 2 s + 1/C). The fixed
@@ -91,6 +93,29 @@ sed -e '/^\s*adaptive: true/d' "$root/src/policy/default-policy.yaml" \
 ! grep -qE '^\s*adaptive:|^network:' "$W/fixed.yaml" || die "fixed.yaml still has adaptive or network"
 "$CHURN_THROTTLER_BIN" check-config "$W/fixed.yaml" >/dev/null 2>&1 || die "fixed.yaml fails check-config"
 
+# ---- Prometheus (Debian's), scraping each scenario's emulator as it runs ------------------
+# The emulators come and go (one per scenario, each on its own port): Prometheus finds
+# them in a file (file_sd), labelled with their scenario.
+read -r PROM_PORT <<<"$(_cl_free_ports 1)"
+echo '[]' >"$W/cni-targets.json"
+cat >"$W/prometheus.yml" <<EOF
+global: { scrape_interval: 1s, scrape_timeout: 1s }
+scrape_configs:
+  - job_name: cni-emulator
+    file_sd_configs: [ { files: ["$W/cni-targets.json"], refresh_interval: 1s } ]
+EOF
+promtool check config "$W/prometheus.yml" >/dev/null || die "promtool check config"
+prometheus --config.file="$W/prometheus.yml" --storage.tsdb.path="$W/prometheus-data" \
+  --web.listen-address="127.0.0.1:$PROM_PORT" --storage.tsdb.retention.time=1d \
+  >"$W/logs/prometheus.log" 2>&1 &
+PROC[prometheus]=$!
+wait_for "prometheus ready on 127.0.0.1:$PROM_PORT" curl -fsS --max-time 1 "http://127.0.0.1:$PROM_PORT/-/ready"
+prom() { # prom QUERY: the first sample's value, or "-"
+  curl -fsS --max-time 5 "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1" \
+    | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "-")'
+}
+prom_at_least() { local v; v=$(prom "$1"); [[ $v != - ]] && fcheck "$v >= $2"; }
+
 start_serve() { # start_serve MODE [serve args...]
   local mode="$1"; shift
   KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG=info \
@@ -111,6 +136,9 @@ start_cni() { # start_cni NS C: the namespace's own emulator
     --records "$W/cni-$1.jsonl" --port-file "$W/cni-$1.port" 2>"$W/cni-$1.err" &
   PROC[cni]=$!
   wait_for "emulator for $1 serving" test -s "$W/cni-$1.port"
+  printf '[{"targets": ["127.0.0.1:%s"], "labels": {"scenario": "%s"}}]\n' "$(cat "$W/cni-$1.port")" "$1" \
+    >"$W/cni-targets.json.tmp" && mv "$W/cni-targets.json.tmp" "$W/cni-targets.json"
+  wait_for "prometheus scraping the emulator for $1" prom_at_least "count(up{scenario=\"$1\"} == 1)" 1
 }
 stop_cni() {
   curl -fsS --max-time 2 "http://127.0.0.1:$(cat "$W/cni-$1.port")/metrics" >"$W/cni-$1.metrics" || true
@@ -175,6 +203,13 @@ scenario() {
   wait_for "$ns: $n pods wired and Ready" at_least "$ns" "$n"
   [[ "$kind" == sts ]] && wait_for "$ns: $n deleted backends programmed" stale_at_least "$ns" "$n"
   t1=$(now_ms)
+  # The queue and the wired pods as Prometheus has them (the metrics' own names and
+  # labels, as docs/adaptive.md's queries read them), once it has scraped the end.
+  local sel="scenario=\"$ns\",api_call=\"endpoint-create\""
+  wait_for "prometheus has the $n endpoint-creates of $ns" \
+    prom_at_least "max(cilium_api_limiter_processed_requests_total{$sel,outcome=\"success\"})" "$n"
+  local prom_q
+  prom_q=$(prom "max(max_over_time(cilium_api_limiter_requests_in_flight{$sel,value=\"in-flight\"}[30m]))")
   stop_cni "$ns"
   # The emulator's /metrics, as a Prometheus query would read it, agrees with its records.
   local wired
@@ -215,6 +250,11 @@ scenario() {
     fcheck "$qa <= $want" && ok "$ns: CNI queue $qa <= $want from 30 s after the step" || bad "$ns: CNI queue $qa > $want 30 s after the step"
   else
     fcheck "$q <= $want" && ok "$ns: CNI queue at most $q <= $want" || bad "$ns: CNI queue reached $q > $want"
+    # The same bound on the queue as Prometheus scraped it each second (the records
+    # sample it every 0.5 s, so the two maxima may differ by a sample).
+    [[ $prom_q != - ]] && fcheck "$prom_q <= $want" \
+      && ok "$ns: the CNI queue as Prometheus scraped it: at most $prom_q <= $want (records: $q)" \
+      || bad "$ns: the CNI queue as Prometheus scraped it: $prom_q (records: $q, at most $want)"
   fi
   (( fails == 0 )) && ok "$ns: no failed ADD" || bad "$ns: $fails failed ADDs"
   fcheck "$mk <= $ideal" && ok "$ns: makespan $mk s <= $ideal s" || bad "$ns: makespan $mk s > $ideal s"
