@@ -81,6 +81,7 @@ fn report_with(policy: &Policy, namespace: Option<&str>) -> Report {
         lease: Some(&lease),
         lease_name: "churn-throttler/churn-throttler-releaser",
         namespace,
+        overrides: &[],
         now,
     })
 }
