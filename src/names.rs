@@ -79,7 +79,8 @@ pub fn format_time(at: Millis) -> String {
 /// The end of a pause, for messages: its time, or that none is in sight (`u64::MAX`).
 pub fn format_pause_end(until: Millis) -> String {
     if until == Millis::MAX {
-        "no end in sight (a schedule window that stays open)".to_string()
+        "no end in sight (until `churn-throttler resume`, or a schedule window that stays open)"
+            .to_string()
     } else {
         format_time(until)
     }

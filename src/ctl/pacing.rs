@@ -214,9 +214,10 @@ fn object(spec: &Spec, prefix: &str, namespace: &str) -> Result<DynamicObject, C
 pub fn pause_main(args: &PauseArgs) -> std::process::ExitCode {
     let result = super::runtime().and_then(|rt| {
         rt.block_on(async {
+            // Refused before anything is read or written.
+            let mut spec = pause_spec(args, "").map_err(|e| CtlError::Other(e.to_string()))?;
             let conn = connect(&args.cluster).await?;
-            let who = conn.who_am_i().await;
-            let spec = pause_spec(args, &who).map_err(|e| CtlError::Other(e.to_string()))?;
+            spec.author = conn.who_am_i().await;
             create(
                 &conn,
                 &args.cluster,
@@ -233,9 +234,10 @@ pub fn pause_main(args: &PauseArgs) -> std::process::ExitCode {
 pub fn override_main(args: &OverrideArgs) -> std::process::ExitCode {
     let result = super::runtime().and_then(|rt| {
         rt.block_on(async {
+            // Refused before anything is read or written.
+            let mut spec = override_spec(args, "").map_err(|e| CtlError::Other(e.to_string()))?;
             let conn = connect(&args.cluster).await?;
-            let who = conn.who_am_i().await;
-            let spec = override_spec(args, &who).map_err(|e| CtlError::Other(e.to_string()))?;
+            spec.author = conn.who_am_i().await;
             create(
                 &conn,
                 &args.cluster,

@@ -326,6 +326,11 @@ pub fn policy_in_force(
         rule.limits = in_force.limits;
         rule.max_not_ready = in_force.max_not_ready;
         rule.paused_until = in_force.paused_until;
+        rule.paused_by = if in_force.source == Source::Pause {
+            crate::policy::PAUSED_BY_COMMAND
+        } else {
+            crate::policy::PAUSED_BY_SCHEDULE
+        };
         if let Some(t) = in_force.next_change {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
