@@ -10,8 +10,9 @@
 use crate::budget::GateRole;
 use crate::election::{within, Notes};
 use crate::metrics::OverrideMetrics;
+use crate::names::format_time;
 use crate::names::PACING_NOTE_ANNOTATION;
-use crate::objects::overrides::{api_resource, read, Read};
+use crate::objects::overrides::{api_resource, read, until, Live, Read};
 use crate::pacing::schedule::Adjustment;
 use crate::shared::{now_millis, stopped, KubeClient, PolicyCell, RoleCell};
 use futures::StreamExt;
@@ -20,7 +21,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use kube::runtime::reflector::{store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -63,6 +64,11 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
     let mut failures: u32 = 0;
     let mut told: HashSet<(String, String)> = HashSet::new();
     let mut deleting: HashSet<String> = HashSet::new();
+    // The objects in force at the last pass (with their references, for an Event after
+    // they are gone), and whether this replica led then: a new leader tells no change it
+    // did not see happen.
+    let mut known: BTreeMap<String, (Live, ObjectReference)> = BTreeMap::new();
+    let mut was_leader = false;
     tracing::info!(namespace = %ctx.namespace, "pauses and overrides: watching PacingOverride objects");
     loop {
         tokio::select! {
@@ -98,7 +104,11 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
                         tracing::warn!(object = %format!("{}/{name}", ctx.namespace), %reason,
                             "pauses and overrides: a PacingOverride is malformed and ignored");
                         if leads(&ctx) {
-                            event(&client, &ctx, object, &reason).await;
+                            let note = format!(
+                                "ignored: {reason}; no pause or override applies from this object"
+                            );
+                            let regarding = reference(object, &ctx.namespace);
+                            event(&client, &ctx, regarding, "PacingOverrideIgnored", note).await;
                         }
                     }
                 }
@@ -142,6 +152,21 @@ pub async fn run(ctx: Context, mut shutdown: watch::Receiver<bool>) {
             uids.sort();
             notes.set(PACING_NOTE_ANNOTATION, uids.join(","));
         }
+        let leading = leads(&ctx);
+        if leading && was_leader {
+            tell_changes(&client, &ctx, &known, &live, &objects, &expired).await;
+        }
+        was_leader = leading;
+        known = live
+            .into_iter()
+            .filter_map(|l| {
+                let object = objects
+                    .iter()
+                    .find(|o| o.metadata.name.as_ref() == Some(&l.name))?;
+                let regarding = reference(object, &ctx.namespace);
+                Some((l.name.clone(), (l, regarding)))
+            })
+            .collect();
         deleting.retain(|name| expired.contains(name));
         if leads(&ctx) {
             for name in expired {
@@ -167,8 +192,98 @@ fn leads(ctx: &Context) -> bool {
     ctx.role.gate_role() == GateRole::Leader
 }
 
-async fn event(client: &kube::Client, ctx: &Context, object: &DynamicObject, reason: &str) {
-    let regarding = ObjectReference {
+/// Events on the objects that came into force, ended early or expired since the last pass.
+async fn tell_changes(
+    client: &kube::Client,
+    ctx: &Context,
+    known: &BTreeMap<String, (Live, ObjectReference)>,
+    live: &[Live],
+    objects: &[Arc<DynamicObject>],
+    expired: &[String],
+) {
+    for l in live.iter().filter(|l| !known.contains_key(&l.name)) {
+        let Some(object) = objects
+            .iter()
+            .find(|o| o.metadata.name.as_ref() == Some(&l.name))
+        else {
+            continue;
+        };
+        let (reason, what) = match l.scoped.adjustment {
+            Adjustment::Pause { .. } => ("Paused", "paused".to_string()),
+            Adjustment::Override { events, .. } => (
+                "Overridden",
+                format!("overridden to {events} events per window"),
+            ),
+        };
+        let end = until(l).map_or("until resumed".to_string(), |u| {
+            format!("until {}", format_time(u))
+        });
+        let note = format!(
+            "{} {what} {end} by {} ({})",
+            rules_words(l),
+            or_dash(&l.author),
+            or_dash(&l.reason)
+        );
+        event(client, ctx, reference(object, &ctx.namespace), reason, note).await;
+    }
+    let gone = known
+        .iter()
+        .filter(|(name, _)| !live.iter().any(|l| &l.name == *name));
+    for (name, (l, regarding)) in gone {
+        let what = match l.scoped.adjustment {
+            Adjustment::Pause { .. } => "pause",
+            Adjustment::Override { .. } => "override",
+        };
+        let (reason, how) = if expired.contains(name) {
+            (
+                if what == "pause" {
+                    "PauseExpired"
+                } else {
+                    "OverrideExpired"
+                },
+                "expired",
+            )
+        } else if !objects
+            .iter()
+            .any(|o| o.metadata.name.as_ref() == Some(name))
+        {
+            (
+                if what == "pause" {
+                    "Resumed"
+                } else {
+                    "OverrideRemoved"
+                },
+                "was deleted",
+            )
+        } else {
+            // Now malformed: its own Event says so.
+            continue;
+        };
+        let note = format!(
+            "{}: the {what} {how}; the policy's limits apply again",
+            rules_words(l)
+        );
+        event(client, ctx, regarding.clone(), reason, note).await;
+    }
+}
+
+fn rules_words(l: &Live) -> String {
+    match &l.scoped.rules {
+        None => "every rule".to_string(),
+        Some(rules) => format!("rule(s) {}", rules.join(", ")),
+    }
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
+}
+
+fn reference(object: &DynamicObject, namespace: &str) -> ObjectReference {
+    ObjectReference {
         api_version: Some(format!(
             "{}/{}",
             crate::objects::overrides::GROUP,
@@ -176,19 +291,23 @@ async fn event(client: &kube::Client, ctx: &Context, object: &DynamicObject, rea
         )),
         kind: Some(crate::objects::overrides::KIND.into()),
         name: object.metadata.name.clone(),
-        namespace: Some(ctx.namespace.clone()),
+        namespace: Some(namespace.to_string()),
         uid: object.metadata.uid.clone(),
         resource_version: object.metadata.resource_version.clone(),
         ..Default::default()
-    };
-    let note = format!("ignored: {reason}; no pause or override applies from this object");
-    let event: Event = crate::releaser::new_event(
-        regarding,
-        "Pacing",
-        "PacingOverrideIgnored",
-        note,
-        &ctx.identity,
-    );
+    }
+}
+
+/// One Event in churn-throttler's namespace (the objects live there); a failure is logged
+/// at debug: an Event is a courtesy.
+async fn event(
+    client: &kube::Client,
+    ctx: &Context,
+    regarding: ObjectReference,
+    reason: &str,
+    note: String,
+) {
+    let event: Event = crate::releaser::new_event(regarding, "Pacing", reason, note, &ctx.identity);
     let api: Api<Event> = Api::namespaced(client.clone(), &ctx.namespace);
     if let Err(e) = within(CALL_TIMEOUT, api.create(&PostParams::default(), &event)).await {
         tracing::debug!(error = %e, "pauses and overrides: could not write an Event");
