@@ -265,7 +265,13 @@ fn spawn_cluster_shells(
         .unwrap_or_else(|| {
             crate::election::default_namespace(None, std::env::var("POD_NAMESPACE").ok().as_deref())
         });
-    if args.releaser.is_some() || args.budget.is_some() || args.pod_cache != Some(false) {
+    // Wherever this process talks to a cluster for anything else (not `--dev` alone, which
+    // looks for one only once, for the pod cache).
+    let in_cluster = args.releaser.is_some()
+        || args.budget.is_some()
+        || args.pod_cache == Some(true)
+        || (args.pod_cache.is_none() && !args.dev);
+    if in_cluster {
         tasks.spawn(crate::overrides_watch::run(
             crate::overrides_watch::Context {
                 policy: state.policy_cell(),

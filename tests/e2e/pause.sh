@@ -215,10 +215,13 @@ for i, t in enumerate(lifts):
     worst = max(worst, j - i)
 made = []
 for line in open(path):
-    a = json.loads(line)
+    try:
+        a = json.loads(line)
+    except ValueError:
+        continue
     ref = a.get("objectRef") or {}
     if ref.get("resource") == "pacingoverrides" and a.get("stage") == "ResponseComplete" and a.get("verb") in ("create", "delete"):
-        made.append([a["verb"], a["user"]["username"], a["responseStatus"]["code"]])
+        made.append([a["verb"], (a.get("user") or {}).get("username"), (a.get("responseStatus") or {}).get("code")])
 print(json.dumps({"lifts": len(lifts), "during_pause": len(during), "max_per_window": worst,
                   "before_pause": sum(1 for t in lifts if t < paused), "after_resume": sum(1 for t in lifts if t > resumed),
                   "pacingoverride_writes": made}))
@@ -241,17 +244,21 @@ assert ["create", op, 201] in w and ["delete", op, 200] in w and ["create", nobo
   || bad "audit log of PacingOverride writes: $(get pacingoverride_writes)"
 
 # ---- expiry: the leader deletes an expired object ----------------------------------------
-out="$(op pause --all --for 3s --reason "short" 2>&1)" || die "short pause failed: $out"
+out="$(op pause --all --for 5s --reason "short" --wait-timeout 0s 2>&1)" || die "short pause failed: $out"
 name="$(sed -n 's#.*PacingOverride churn-throttler/\([^ ]*\) .*#\1#p' <<<"$out" | head -n1)"
 [[ -n "$name" ]] || die "no object name in: $out"
 gone() { ! k -n churn-throttler get pacingoverride "$name" >/dev/null 2>&1; }
 wait_for "the expired $name deleted" gone
-ok "an expired pause ($name, 3 s) deleted by the leader"
+ok "an expired pause ($name, 5 s) deleted by the leader"
 metrics="$(scrape a)"
 grep -q '^churn_throttler_pacing_overrides_deleted_total 1' <<<"$metrics" \
   && grep -q '^churn_throttler_limit_source{rule="controller-creates",source="rule"} 1' <<<"$metrics" \
   && ok "metrics: pacing_overrides_deleted_total 1, limit source back to rule" \
   || bad "metrics after expiry: $(grep -E 'pacing_overrides_deleted|limit_source' <<<"$metrics" | tr '\n' ' ')"
+
+reasons="$(k -n churn-throttler get events.events.k8s.io -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' | sort | uniq -c | tr -s ' \n' ' ')"
+[[ "$reasons" == *" Paused"* && "$reasons" == *" Resumed"* && "$reasons" == *" PauseExpired"* ]] \
+  && ok "Events on the PacingOverrides (reason count):$reasons" || bad "Events on the PacingOverrides:$reasons"
 
 say "suite time $(secs $(($(now_ms) - t0))) s"
 e2e_finish
