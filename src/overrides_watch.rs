@@ -10,9 +10,8 @@
 use crate::budget::GateRole;
 use crate::election::{within, Notes};
 use crate::metrics::OverrideMetrics;
-use crate::names::format_time;
 use crate::names::PACING_NOTE_ANNOTATION;
-use crate::objects::overrides::{api_resource, read, until, Live, Read};
+use crate::objects::overrides::{api_resource, changes, read, Live, Read};
 use crate::pacing::schedule::Adjustment;
 use crate::shared::{now_millis, stopped, KubeClient, PolicyCell, RoleCell};
 use futures::StreamExt;
@@ -201,84 +200,22 @@ async fn tell_changes(
     objects: &[Arc<DynamicObject>],
     expired: &[String],
 ) {
-    for l in live.iter().filter(|l| !known.contains_key(&l.name)) {
-        let Some(object) = objects
-            .iter()
-            .find(|o| o.metadata.name.as_ref() == Some(&l.name))
-        else {
-            continue;
-        };
-        let (reason, what) = match l.scoped.adjustment {
-            Adjustment::Pause { .. } => ("Paused", "paused".to_string()),
-            Adjustment::Override { events, .. } => (
-                "Overridden",
-                format!("overridden to {events} events per window"),
-            ),
-        };
-        let end = until(l).map_or("until resumed".to_string(), |u| {
-            format!("until {}", format_time(u))
-        });
-        let note = format!(
-            "{} {what} {end} by {} ({})",
-            rules_words(l),
-            or_dash(&l.author),
-            or_dash(&l.reason)
-        );
-        event(client, ctx, reference(object, &ctx.namespace), reason, note).await;
-    }
-    let gone = known
+    let before: Vec<Live> = known.values().map(|(l, _)| l.clone()).collect();
+    let present: Vec<String> = objects
         .iter()
-        .filter(|(name, _)| !live.iter().any(|l| &l.name == *name));
-    for (name, (l, regarding)) in gone {
-        let what = match l.scoped.adjustment {
-            Adjustment::Pause { .. } => "pause",
-            Adjustment::Override { .. } => "override",
-        };
-        let (reason, how) = if expired.contains(name) {
-            (
-                if what == "pause" {
-                    "PauseExpired"
-                } else {
-                    "OverrideExpired"
-                },
-                "expired",
-            )
-        } else if !objects
-            .iter()
-            .any(|o| o.metadata.name.as_ref() == Some(name))
-        {
-            (
-                if what == "pause" {
-                    "Resumed"
-                } else {
-                    "OverrideRemoved"
-                },
-                "was deleted",
-            )
-        } else {
-            // Now malformed: its own Event says so.
-            continue;
-        };
-        let note = format!(
-            "{}: the {what} {how}; the policy's limits apply again",
-            rules_words(l)
-        );
-        event(client, ctx, regarding.clone(), reason, note).await;
-    }
-}
-
-fn rules_words(l: &Live) -> String {
-    match &l.scoped.rules {
-        None => "every rule".to_string(),
-        Some(rules) => format!("rule(s) {}", rules.join(", ")),
-    }
-}
-
-fn or_dash(text: &str) -> &str {
-    if text.is_empty() {
-        "-"
-    } else {
-        text
+        .filter_map(|o| o.metadata.name.clone())
+        .collect();
+    for told in changes(&before, live, expired, &present) {
+        // The reference as last seen: a deleted object is named as it was.
+        let regarding = known.get(&told.name).map(|(_, r)| r.clone()).or_else(|| {
+            objects
+                .iter()
+                .find(|o| o.metadata.name.as_ref() == Some(&told.name))
+                .map(|o| reference(o, &ctx.namespace))
+        });
+        if let Some(regarding) = regarding {
+            event(client, ctx, regarding, told.reason, told.note).await;
+        }
     }
 }
 

@@ -249,6 +249,95 @@ pub fn until(live: &Live) -> Option<Millis> {
     }
 }
 
+/// A change to tell in an Event: the object's name, the Event's reason and note.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Told {
+    pub name: String,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+/// What changed between two reads of the objects: those in force now and not before
+/// (Paused, Overridden), and those in force before and not now that expired
+/// (PauseExpired, OverrideExpired) or are gone (Resumed, OverrideRemoved). One that is
+/// still there but now malformed is told by its own Event (`Read::Ignored`).
+pub fn changes(before: &[Live], now: &[Live], expired: &[String], present: &[String]) -> Vec<Told> {
+    let mut out = Vec::new();
+    for l in now
+        .iter()
+        .filter(|l| !before.iter().any(|b| b.name == l.name))
+    {
+        let (reason, what) = match l.scoped.adjustment {
+            Adjustment::Pause { .. } => ("Paused", "paused".to_string()),
+            Adjustment::Override { events, .. } => (
+                "Overridden",
+                format!("overridden to {events} events per window"),
+            ),
+        };
+        let end = until(l).map_or("until resumed".to_string(), |u| {
+            format!("until {}", crate::names::format_time(u))
+        });
+        out.push(Told {
+            name: l.name.clone(),
+            reason,
+            note: format!(
+                "{} {what} {end} by {} ({})",
+                rules_words(l),
+                or_dash(&l.author),
+                or_dash(&l.reason)
+            ),
+        });
+    }
+    for l in before
+        .iter()
+        .filter(|b| !now.iter().any(|l| l.name == b.name))
+    {
+        let pause = matches!(l.scoped.adjustment, Adjustment::Pause { .. });
+        let what = if pause { "pause" } else { "override" };
+        let (reason, how) = if expired.contains(&l.name) {
+            (
+                if pause {
+                    "PauseExpired"
+                } else {
+                    "OverrideExpired"
+                },
+                "expired",
+            )
+        } else if !present.contains(&l.name) {
+            (
+                if pause { "Resumed" } else { "OverrideRemoved" },
+                "was deleted",
+            )
+        } else {
+            continue;
+        };
+        out.push(Told {
+            name: l.name.clone(),
+            reason,
+            note: format!(
+                "{}: the {what} {how}; the policy's limits apply again",
+                rules_words(l)
+            ),
+        });
+    }
+    out
+}
+
+fn rules_words(l: &Live) -> String {
+    match &l.scoped.rules {
+        None => "every rule".to_string(),
+        Some(rules) => format!("rule(s) {}", rules.join(", ")),
+    }
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,5 +497,72 @@ mod tests {
         assert!(matches!(read(&object, created + 1), Read::Ignored { .. }));
         object.metadata.creation_timestamp = None;
         assert!(matches!(read(&object, created + 1), Read::Ignored { .. }));
+    }
+
+    #[test]
+    fn table_of_changes_told() {
+        let live = |name: &str, pause: bool| Live {
+            name: name.to_string(),
+            scoped: Scoped {
+                rules: if pause {
+                    None
+                } else {
+                    Some(vec!["pods".into()])
+                },
+                adjustment: if pause {
+                    Adjustment::Pause {
+                        from: 0,
+                        until: None,
+                    }
+                } else {
+                    Adjustment::Override {
+                        from: 0,
+                        until: 60_000,
+                        events: 50,
+                        burst: None,
+                        max_not_ready: None,
+                    }
+                },
+            },
+            author: "alice".into(),
+            reason: String::new(),
+            created: 0,
+        };
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let before = vec![
+            live("kept", true),
+            live("resumed", true),
+            live("expired", true),
+            live("removed", false),
+            live("broken", true),
+        ];
+        let now = vec![live("kept", true), live("new", true), live("over", false)];
+        let told = changes(
+            &before,
+            &now,
+            &names(&["expired"]),
+            &names(&["kept", "expired", "broken", "new", "over"]),
+        );
+        let got: Vec<(&str, &str)> = told.iter().map(|t| (t.name.as_str(), t.reason)).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("new", "Paused"),
+                ("over", "Overridden"),
+                ("resumed", "Resumed"),
+                ("expired", "PauseExpired"),
+                ("removed", "OverrideRemoved"),
+            ]
+        );
+        assert_eq!(told[0].note, "every rule paused until resumed by alice (-)");
+        assert!(
+            told[1].note.starts_with(
+                "rule(s) pods overridden to 50 events per window until 1970-01-01T00:01:00.000Z"
+            ),
+            "{}",
+            told[1].note
+        );
+        // Nothing changed: nothing told.
+        assert!(changes(&now, &now, &[], &names(&["kept", "new", "over"])).is_empty());
     }
 }
