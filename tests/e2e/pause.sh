@@ -15,7 +15,10 @@
 #     lifts in any 10 s (audit log, the whole run: no window over the limit at resuming);
 #   - `pause` by a ServiceAccount without the role: refused, the message names the role;
 #     `pause` without --for: refused before anything is written;
-#   - a pause of 3 s: expired, the leader deletes its object.
+#   - `override controller-creates --events 40 --for 15s`: in force (metrics, status), then
+#     expired by itself (limit 20 again) and deleted by the leader;
+#   - a pause of 5 s: expired, the leader deletes its object; Events on pause, resume,
+#     override and expiry.
 # Everything listens on 127.0.0.1; every wait is bounded; everything stops on exit.
 # Last line: "pause: N passed, M failed".
 #
@@ -243,6 +246,30 @@ assert ["create", op, 201] in w and ["delete", op, 200] in w and ["create", nobo
   && ok "audit log: the operator created and deleted the pause with its own credentials; the refused create answered 403" \
   || bad "audit log of PacingOverride writes: $(get pacingoverride_writes)"
 
+# ---- an override to a higher limit, which expires by itself -------------------------------
+limit_is() { scrape a | grep -q "^churn_throttler_limit_in_force{rule=\"controller-creates\"} $1\$"; }
+source_is() { scrape a | grep -q "^churn_throttler_limit_source{rule=\"controller-creates\",source=\"$1\"} 1\$"; }
+out="$(op override controller-creates --events 40 --for 15s --reason "e2e maintenance" 2>&1)" || die "override failed: $out"
+say "$out"
+oname="$(sed -n 's#.*PacingOverride churn-throttler/\([^ ]*\) .*#\1#p' <<<"$out" | head -n1)"
+[[ "$out" == *"taken up by the leader releaser-a"* ]] && ok "override taken up by the leader" || bad "override: $out"
+wait_for "the override's limit in force (40)" limit_is 40
+source_is override && ok "override to 40 events per window in force: limit_in_force 40, limit_source override" \
+  || bad "override not the source: $(scrape a | grep -E 'limit_in_force|limit_source' | tr '\n' ' ')"
+op status -A -o json >"$W/status-override.json" || die "status failed"
+python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+p = s["pacingOverrides"]
+assert len(p) == 1 and p[0]["kind"] == "override" and p[0]["figures"] == "40 events" and p[0]["rules"] == ["controller-creates"], p
+r = [r for r in s["rules"] if r["name"] == "controller-creates"][0]["schedule"]
+assert r["source"] == "an override" and r["inForce"].startswith("40 per 10s"), r' "$W/status-override.json" \
+  && ok "status shows the override (40 events, rule controller-creates) in force" || bad "status during the override: $(cat "$W/status-override.json")"
+wait_for "the override expired (limit 20 again)" limit_is 20
+source_is rule && ok "the override expired by itself: limit_in_force 20, limit_source rule" || bad "after the override: $(scrape a | grep -E 'limit_source' | tr '\n' ' ')"
+ogone() { ! k -n churn-throttler get pacingoverride "$oname" >/dev/null 2>&1; }
+wait_for "the expired override $oname deleted" ogone
+
 # ---- expiry: the leader deletes an expired object ----------------------------------------
 out="$(op pause --all --for 5s --reason "short" --wait-timeout 0s 2>&1)" || die "short pause failed: $out"
 name="$(sed -n 's#.*PacingOverride churn-throttler/\([^ ]*\) .*#\1#p' <<<"$out" | head -n1)"
@@ -251,13 +278,14 @@ gone() { ! k -n churn-throttler get pacingoverride "$name" >/dev/null 2>&1; }
 wait_for "the expired $name deleted" gone
 ok "an expired pause ($name, 5 s) deleted by the leader"
 metrics="$(scrape a)"
-grep -q '^churn_throttler_pacing_overrides_deleted_total 1' <<<"$metrics" \
+grep -q '^churn_throttler_pacing_overrides_deleted_total 2' <<<"$metrics" \
   && grep -q '^churn_throttler_limit_source{rule="controller-creates",source="rule"} 1' <<<"$metrics" \
-  && ok "metrics: pacing_overrides_deleted_total 1, limit source back to rule" \
+  && ok "metrics: pacing_overrides_deleted_total 2 (the override and this pause), limit source back to rule" \
   || bad "metrics after expiry: $(grep -E 'pacing_overrides_deleted|limit_source' <<<"$metrics" | tr '\n' ' ')"
 
 reasons="$(k -n churn-throttler get events.events.k8s.io -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' | sort | uniq -c | tr -s ' \n' ' ')"
-[[ "$reasons" == *" Paused"* && "$reasons" == *" Resumed"* && "$reasons" == *" PauseExpired"* ]] \
+[[ "$reasons" == *" Paused"* && "$reasons" == *" Resumed"* && "$reasons" == *" PauseExpired"* \
+   && "$reasons" == *" Overridden"* && "$reasons" == *" OverrideExpired"* ]] \
   && ok "Events on the PacingOverrides (reason count):$reasons" || bad "Events on the PacingOverrides:$reasons"
 
 say "suite time $(secs $(($(now_ms) - t0))) s"
