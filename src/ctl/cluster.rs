@@ -221,7 +221,7 @@ pub struct Read {
 /// The policy from `--config`, else from the install's ConfigMap; without either, the
 /// built-in one when the releaser's Lease shows churn-throttler runs (`serve` without
 /// --config), else "not installed".
-async fn policy(
+pub async fn policy(
     conn: &Conn,
     args: &ClusterArgs,
     config: Option<&Path>,

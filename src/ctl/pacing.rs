@@ -175,6 +175,20 @@ pub fn to_resume(
     (delete, left)
 }
 
+/// The named rules the policy does not have, in words; None: all known.
+pub fn unknown_rules(named: &[String], known: &[&str]) -> Option<String> {
+    let unknown: Vec<&str> = named
+        .iter()
+        .map(String::as_str)
+        .filter(|r| !known.contains(r))
+        .collect();
+    match unknown.as_slice() {
+        [] => None,
+        [one] => Some(format!("rule {one:?} is")),
+        many => Some(format!("rules {many:?} are")),
+    }
+}
+
 /// Whether the Lease's note lists `uid` (the leader applies that object).
 pub fn taken_up(lease: &Lease, uid: &str) -> bool {
     lease
@@ -265,6 +279,28 @@ async fn create(
     wait: Duration,
 ) -> Result<u8, CtlError> {
     let namespace = &cluster.lease_namespace;
+    // A misspelt rule would pause nothing: the names are checked against the policy in
+    // force when it can be read.
+    let checked = if spec.rules.is_empty() {
+        None
+    } else {
+        Some(super::cluster::policy(conn, cluster, None, None).await)
+    };
+    match checked {
+        None => {}
+        Some(Ok((policy, source))) => {
+            let known: Vec<&str> = policy.rules.iter().map(|r| &*r.name).collect();
+            if let Some(unknown) = unknown_rules(&spec.rules, &known) {
+                return Err(CtlError::Other(format!(
+                    "{unknown} not in the policy ({source}; its rules: {})",
+                    known.join(", ")
+                )));
+            }
+        }
+        Some(Err(e)) => eprintln!(
+            "churn-throttler: the rule names are not checked (cannot read the policy: {e})"
+        ),
+    }
     let api: Api<DynamicObject> =
         Api::namespaced_with(conn.client.clone(), namespace, &api_resource());
     let made = conn
@@ -522,6 +558,21 @@ mod tests {
         );
         assert!(taken_up(&lease, "u1"));
         assert!(!taken_up(&lease, "u"));
+    }
+
+    #[test]
+    fn misspelt_rules_are_named() {
+        let known = ["a", "b"];
+        assert_eq!(unknown_rules(&["a".into()], &known), None);
+        assert_eq!(unknown_rules(&[], &known), None);
+        assert_eq!(
+            unknown_rules(&["a".into(), "c".into()], &known).as_deref(),
+            Some("rule \"c\" is")
+        );
+        assert_eq!(
+            unknown_rules(&["c".into(), "d".into()], &known).as_deref(),
+            Some("rules [\"c\", \"d\"] are")
+        );
     }
 
     #[test]

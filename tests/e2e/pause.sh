@@ -128,6 +128,11 @@ out="$("$CHURN_THROTTLER_BIN" pause --all --for 1m --kubeconfig "$W/nobody.kubec
 set -e
 (( rc == 1 )) && [[ "$out" == *"you need the churn-throttler-pacing-operator role"* ]] \
   && ok "pause by a ServiceAccount without the role refused (exit $rc): $out" || bad "pause without the role: rc=$rc: $out"
+set +e
+out="$(op pause no-such-rule --for 1m 2>&1)"; rc=$?
+set -e
+(( rc == 1 )) && [[ "$out" == *'rule "no-such-rule" is not in the policy'* ]] \
+  && ok "pause of a rule the policy does not have refused (exit $rc): $out" || bad "pause of an unknown rule: rc=$rc: $out"
 [[ "$(k -n churn-throttler get pacingoverrides -o name | wc -l)" == 0 ]] \
   && ok "no PacingOverride written by the refused commands" || bad "a refused pause left an object"
 
