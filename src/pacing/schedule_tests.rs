@@ -247,6 +247,10 @@ fn next_changes_of_a_policy() {
         in_force.rules[0].paused_at(at("2026-12-07T09:00:00Z")),
         Some(at("2026-12-07T16:00:00Z"))
     );
+    assert_eq!(
+        in_force.rules[0].paused_by,
+        crate::policy::PAUSED_BY_SCHEDULE
+    );
     assert_eq!(next, Some(at("2026-12-07T16:00:00Z")));
     // The built-in policy has no schedules and comes back as it is.
     let builtin = Policy::builtin();
@@ -438,6 +442,10 @@ fn scoped_adjustments_apply_to_their_rules_only() {
     let (in_force, next) = policy_in_force(&builtin, std::slice::from_ref(&pause_first), 2_000);
     assert_eq!(in_force.rules[0].paused_at(2_000), Some(61_000));
     assert_eq!(in_force.rules[1].paused_at(2_000), None);
+    assert_eq!(
+        in_force.rules[0].paused_by,
+        crate::policy::PAUSED_BY_COMMAND
+    );
     assert_eq!(next, Some(61_000));
     // After its end, the policy's own again.
     let (after, _) = policy_in_force(&builtin, std::slice::from_ref(&pause_first), 61_000);
