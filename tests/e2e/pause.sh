@@ -210,17 +210,12 @@ labelled="$(k -n "$NS" get pods -l churn-throttler.io/gated=true -o name | wc -l
 python3 - "$W/logs/audit.log" "$SA_USER" "$t_paused" "$t_resumed" "$LIMIT" "$WINDOW_S" "$OPERATOR" "$here" >"$W/audit-check.json" <<'EOF'
 import json, os, sys
 sys.path.insert(0, sys.argv[8])
-from e2e import audit_requests, is_gate_lift
+from e2e import audit_requests, is_gate_lift, max_in_window
 path, user, paused, resumed, limit, window, operator = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]) * 1000, sys.argv[7]
 reqs = audit_requests(path, 0, 1 << 62, "pz-")
 lifts = sorted(r["done"] for r in reqs if is_gate_lift(r) and r["user"] == user)
 during = [r for r in reqs if is_gate_lift(r) and paused <= r["recv"] <= resumed]
-worst = 0
-for i, t in enumerate(lifts):
-    j = i
-    while j < len(lifts) and lifts[j] < t + window:
-        j += 1
-    worst = max(worst, j - i)
+worst = max_in_window(lifts, window)
 made = []
 for line in open(path):
     try:
