@@ -18,7 +18,10 @@
 #   - `override controller-creates --events 40 --for 15s`: in force (metrics, status), then
 #     expired by itself (limit 20 again) and deleted by the leader;
 #   - a pause of 5 s: expired, the leader deletes its object; Events on pause, resume,
-#     override and expiry.
+#     override and expiry;
+#   - the leader killed (SIGKILL) during an indefinite pause with 5 more pods gated: the
+#     second replica takes the lease and lifts none of them until
+#     `resume`, then releases them.
 # Everything listens on 127.0.0.1; every wait is bounded; everything stops on exit.
 # Last line: "pause: N passed, M failed".
 #
@@ -287,6 +290,38 @@ reasons="$(k -n churn-throttler get events.events.k8s.io -o jsonpath='{range .it
 [[ "$reasons" == *" Paused"* && "$reasons" == *" Resumed"* && "$reasons" == *" PauseExpired"* \
    && "$reasons" == *" Overridden"* && "$reasons" == *" OverrideExpired"* ]] \
   && ok "Events on the PacingOverrides (reason count):$reasons" || bad "Events on the PacingOverrides:$reasons"
+
+# ---- the leader killed during a pause: the new leader keeps it ----------------------------
+read -r WH_PORT_B < <(_cl_free_ports 1)
+KUBECONFIG="$W/releaser.kubeconfig" RUST_LOG="info" \
+  "$CHURN_THROTTLER_BIN" serve --config "$W/policy.yaml" \
+    --tls-cert "$W/pki/webhook.crt" --tls-key "$W/pki/webhook.key" \
+    --listen "127.0.0.1:$WH_PORT_B" --metrics-listen 127.0.0.1:0 \
+    --releaser=true --lease-namespace churn-throttler --identity releaser-b \
+    --shutdown-delay 0s --drain-timeout 2s --log-format json >>"$W/serve-b.log" 2>&1 &
+PROC[serve_b]=$!
+wait_for "replica b serving" grep -q '"churn-throttler serving"' "$W/serve-b.log"
+e2e_metrics_addr "$W/serve-b.log" >"$W/metrics-b.addr"
+out="$(op pause --all --indefinitely --reason "leader handover" 2>&1)" || die "pause --indefinitely failed: $out"
+pname="$(sed -n 's#.*PacingOverride churn-throttler/\([^ ]*\) .*#\1#p' <<<"$out" | head -n1)"
+[[ -n "$pname" ]] || die "no object name in: $out"
+k -n "$NS" scale deployment web --replicas=$((PODS + 5)) >/dev/null
+five_gated() { read -r g n < <(pods_gated); (( n == PODS + 5 && g == 5 )); }
+wait_for "5 more pods, gated under the pause" five_gated
+kill -KILL "${PROC[serve]}"; wait "${PROC[serve]}" 2>/dev/null || true; unset 'PROC[serve]'
+t_kill=$(now_ms)
+wait_for "releaser-b holds the lease" holder_is releaser-b
+t_b=$(now_ms)
+sleep 5
+read -r g_after n < <(pods_gated)
+metrics_b="$(scrape b)"
+(( g_after == 5 )) && grep -q '^churn_throttler_rule_paused{rule="controller-creates"} 1' <<<"$metrics_b" \
+  && ok "leader killed during the pause: releaser-b took the lease $(secs $((t_b - t_kill))) s later and lifted none of the 5 gated pods in the next 5 s (its rule_paused 1)" \
+  || bad "after the handover: $g_after gated (want 5); $(grep rule_paused <<<"$metrics_b" | tr '\n' ' ')"
+out="$(op resume --all 2>&1)" || die "resume after the handover failed: $out"
+all_65() { read -r g n < <(pods_gated); (( n == PODS + 5 && g == 0 )); }
+wait_for "the 5 pods released by releaser-b after resume" all_65
+ok "resume after the handover: the 5 pods released by the new leader"
 
 say "suite time $(secs $(($(now_ms) - t0))) s"
 e2e_finish
