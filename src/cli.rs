@@ -48,6 +48,14 @@ pub enum Command {
     /// Emergency: lift churn-throttler's gate of pods now, or let a held StatefulSet go
     /// to its target now (recorded in an annotation and an Event).
     Release(Box<crate::ctl::ReleaseArgs>),
+    /// Stop the churn of rules (or --all) for a while: nothing is released or stepped,
+    /// paced requests wait. Needs --for DURATION, or --indefinitely on purpose. Returns
+    /// once the releasers' leader has taken it up.
+    Pause(Box<crate::ctl::pacing::PauseArgs>),
+    /// End pauses made with `pause` (deletes their PacingOverride objects).
+    Resume(Box<crate::ctl::pacing::ResumeArgs>),
+    /// Other limits for a rule for a while (--events N --for 2h), then the policy's again.
+    Override(Box<crate::ctl::pacing::OverrideArgs>),
 }
 
 #[derive(Args, Debug, Clone)]

@@ -11,6 +11,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod names;
 pub mod objects;
+pub mod overrides_watch;
 pub mod pacing;
 pub mod policy;
 pub mod queue;

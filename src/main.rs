@@ -29,6 +29,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Status(args) => churn_throttler::ctl::status_main(&args),
         Command::Release(args) => churn_throttler::ctl::release_main(&args),
+        Command::Pause(args) => churn_throttler::ctl::pacing::pause_main(&args),
+        Command::Resume(args) => churn_throttler::ctl::pacing::resume_main(&args),
+        Command::Override(args) => churn_throttler::ctl::pacing::override_main(&args),
         Command::CheckConfig { file, at } => check_config(&file, at.as_deref()),
         Command::Simulate(args) => match churn_throttler::simulate::main(&args) {
             Ok(()) => ExitCode::SUCCESS,

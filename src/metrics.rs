@@ -25,6 +25,50 @@ pub struct Metrics {
     pub gate: GateMetrics,
     pub partition: PartitionMetrics,
     pub budget: BudgetMetrics,
+    pub overrides: OverrideMetrics,
+}
+
+/// PacingOverride objects (pauses and overrides) as this replica reads them.
+#[derive(Clone)]
+pub struct OverrideMetrics {
+    /// objects in force, by kind (pause, override)
+    pub live: IntGaugeVec,
+    /// objects ignored as malformed (each counted once per version of the object)
+    pub ignored: IntCounter,
+    /// failed lists/watches (a missing CRD or missing rights: run as if none exist)
+    pub watch_errors: IntCounter,
+    /// expired objects the leader deleted
+    pub deleted: IntCounter,
+}
+
+impl OverrideMetrics {
+    fn register(registry: &Registry) -> OverrideMetrics {
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            register(registry, Box::new(c.clone()));
+            c
+        };
+        OverrideMetrics {
+            live: gauge_vec(
+                registry,
+                "churn_throttler_pacing_overrides",
+                "PacingOverride objects in force (not expired, not ignored), by kind (pause, override).",
+                &["kind"],
+            ),
+            ignored: counter(
+                "churn_throttler_pacing_overrides_ignored_total",
+                "PacingOverride objects ignored as malformed (once per version of the object); the log and an Event on it say why.",
+            ),
+            watch_errors: counter(
+                "churn_throttler_pacing_overrides_watch_errors_total",
+                "Failed lists or watches of PacingOverride objects (a missing CRD or missing rights: no pause or override applies).",
+            ),
+            deleted: counter(
+                "churn_throttler_pacing_overrides_deleted_total",
+                "Expired PacingOverride objects deleted by the releasers' leader.",
+            ),
+        }
+    }
 }
 
 /// The HTTPS server and the admission path: decisions, answers, holds, refusals, reloads, readiness.
@@ -227,7 +271,7 @@ impl LimiterMetrics {
             rule_paused: gauge_vec(
                 registry,
                 "churn_throttler_rule_paused",
-                "1 while the rule is paused (a schedule window of events: 0), else 0.",
+                "1 while the rule is paused (a schedule window of events: 0, `churn-throttler pause`), else 0.",
                 &["rule"],
             ),
             limit_source: gauge_vec(
@@ -585,6 +629,7 @@ impl Metrics {
             gate: GateMetrics::register(&registry),
             partition: PartitionMetrics::register(&registry),
             budget: BudgetMetrics::register(&registry),
+            overrides: OverrideMetrics::register(&registry),
             registry,
         }
     }

@@ -41,6 +41,9 @@ pub const PARTITION_STEPPED_AT_ANNOTATION: &str = "churn-throttler.io/partition-
 /// On the releaser's Lease: the network window when the leader last renewed, where a new
 /// leader starts from.
 pub const NETWORK_WINDOW_ANNOTATION: &str = "churn-throttler.io/network-window";
+/// On the releaser's Lease: the uids of the PacingOverride objects (pauses, overrides)
+/// the leader applies, comma-separated; `churn-throttler pause` waits for its own.
+pub const PACING_NOTE_ANNOTATION: &str = "churn-throttler.io/pacing-overrides";
 /// Annotation on a pod or StatefulSet released by hand with `churn-throttler release`:
 /// who (as the API server or the kubeconfig names them) and when.
 pub const RELEASED_BY_ANNOTATION: &str = "churn-throttler.io/released-by";
@@ -76,7 +79,8 @@ pub fn format_time(at: Millis) -> String {
 /// The end of a pause, for messages: its time, or that none is in sight (`u64::MAX`).
 pub fn format_pause_end(until: Millis) -> String {
     if until == Millis::MAX {
-        "no end in sight (a schedule window that stays open)".to_string()
+        "no end in sight (until `churn-throttler resume`, or a schedule window that stays open)"
+            .to_string()
     } else {
         format_time(until)
     }

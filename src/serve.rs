@@ -256,6 +256,35 @@ fn spawn_cluster_shells(
         }
         None => tracing::info!("gate releaser off (--releaser=false, or --dev)"),
     }
+    // Pauses and overrides, in churn-throttler's own namespace (the Leases' namespace).
+    let namespace = args
+        .releaser
+        .as_ref()
+        .map(|c| c.lease.namespace.clone())
+        .or_else(|| args.budget.as_ref().map(|c| c.namespace.clone()))
+        .unwrap_or_else(|| {
+            crate::election::default_namespace(None, std::env::var("POD_NAMESPACE").ok().as_deref())
+        });
+    // Wherever this process talks to a cluster for anything else (not `--dev` alone, which
+    // looks for one only once, for the pod cache).
+    let in_cluster = args.releaser.is_some()
+        || args.budget.is_some()
+        || args.pod_cache == Some(true)
+        || (args.pod_cache.is_none() && !args.dev);
+    if in_cluster {
+        tasks.spawn(crate::overrides_watch::run(
+            crate::overrides_watch::Context {
+                policy: state.policy_cell(),
+                role: state.releaser_role(),
+                kube: kube.clone(),
+                namespace,
+                notes: args.releaser.as_ref().map(|c| c.lease.notes.clone()),
+                metrics: state.metrics.overrides.clone(),
+                identity: state.instance.clone(),
+            },
+            stop_rx.clone(),
+        ));
+    }
     match &args.budget {
         Some(config) => {
             state.enable_budget(config.max_replicas, config.duration);

@@ -8,6 +8,7 @@
 use crate::budget::{share_at, GateRole, Share, ShareHistory};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::BudgetMetrics;
+use crate::pacing::schedule::Scoped;
 use crate::policy::Policy;
 use crate::queue::Snapshot;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -96,13 +97,20 @@ impl Leadership {
     }
 }
 
-/// The policy in force (unscaled); swapped whole on a reload.
-pub struct PolicyCell(RwLock<Arc<Policy>>, Mutex<Option<InForceCache>>);
+/// The policy in force (unscaled); swapped whole on a reload. With it the pauses and
+/// overrides in force (PacingOverride objects, watched by `crate::overrides_watch`),
+/// swapped whole on every change of them.
+pub struct PolicyCell(
+    RwLock<Arc<Policy>>,
+    Mutex<Option<InForceCache>>,
+    RwLock<Arc<Vec<Scoped>>>,
+);
 
 /// The policy in force last computed: valid from `from` until the next change of any
-/// rule's schedule windows, for the policy it was made from.
+/// rule's schedule windows or adjustments, for the policy and adjustments it was made from.
 struct InForceCache {
     source: Arc<Policy>,
+    adjustments: Arc<Vec<Scoped>>,
     from: Millis,
     until: Option<Millis>,
     policy: Arc<Policy>,
@@ -114,7 +122,28 @@ const IN_FORCE_RECHECK_MS: Millis = 3_600_000;
 
 impl PolicyCell {
     pub fn new(policy: Policy) -> PolicyCell {
-        PolicyCell(RwLock::new(Arc::new(policy)), Mutex::new(None))
+        PolicyCell(
+            RwLock::new(Arc::new(policy)),
+            Mutex::new(None),
+            RwLock::new(Arc::new(Vec::new())),
+        )
+    }
+
+    /// The pauses and overrides in force, as last read from the cluster.
+    pub fn adjustments(&self) -> Arc<Vec<Scoped>> {
+        match self.2.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the pauses and overrides: new decisions follow them at once.
+    pub fn set_adjustments(&self, adjustments: Vec<Scoped>) {
+        let adjustments = Arc::new(adjustments);
+        match self.2.write() {
+            Ok(mut guard) => *guard = adjustments,
+            Err(poisoned) => *poisoned.into_inner() = adjustments,
+        }
     }
 
     /// The policy with the limits in force at `now` (its schedule windows applied:
@@ -128,7 +157,8 @@ impl PolicyCell {
     /// not within the schedules' horizon), so a releaser looks again then.
     pub fn in_force_until(&self, now: Millis) -> (Arc<Policy>, Option<Millis>) {
         let policy = self.get();
-        if !crate::pacing::schedule::has_schedules(&policy) {
+        let adjustments = self.adjustments();
+        if adjustments.is_empty() && !crate::pacing::schedule::has_schedules(&policy) {
             return (policy, None);
         }
         let mut cache = match self.1.lock() {
@@ -136,14 +166,20 @@ impl PolicyCell {
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Some(c) = cache.as_ref() {
-            if Arc::ptr_eq(&c.source, &policy) && c.from <= now && c.until.is_none_or(|u| now < u) {
+            if Arc::ptr_eq(&c.source, &policy)
+                && Arc::ptr_eq(&c.adjustments, &adjustments)
+                && c.from <= now
+                && c.until.is_none_or(|u| now < u)
+            {
                 return (c.policy.clone(), c.until);
             }
         }
-        let (in_force, until) = crate::pacing::schedule::policy_in_force(&policy, now);
+        let (in_force, until) =
+            crate::pacing::schedule::policy_in_force(&policy, &adjustments, now);
         let in_force = Arc::new(in_force);
         *cache = Some(InForceCache {
             source: policy,
+            adjustments,
             from: now,
             // No change in sight (a window that stays open, a yearly one): look again in
             // an hour, as the horizon moves on.
@@ -380,5 +416,33 @@ impl KubeClient {
             }
             delay = (delay * 2).min(CONNECT_LAST_RETRY);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pacing::schedule::Adjustment;
+
+    /// The cell's cached policy in force follows a change of the adjustments at once,
+    /// also for a policy without schedules.
+    #[test]
+    fn the_policy_in_force_follows_the_adjustments() {
+        let cell = PolicyCell::new(Policy::builtin());
+        assert!(Arc::ptr_eq(&cell.in_force(10), &cell.get()));
+        cell.set_adjustments(vec![Scoped {
+            rules: None,
+            adjustment: Adjustment::Pause {
+                from: 0,
+                until: Some(100),
+            },
+        }]);
+        let (paused, until) = cell.in_force_until(10);
+        assert!(paused.rules.iter().all(|r| r.paused_at(10) == Some(100)));
+        assert_eq!(until, Some(100));
+        let (after, _) = cell.in_force_until(100);
+        assert!(after.rules.iter().all(|r| r.paused_at(100).is_none()));
+        cell.set_adjustments(Vec::new());
+        assert!(Arc::ptr_eq(&cell.in_force(50), &cell.get()));
     }
 }

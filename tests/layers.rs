@@ -24,6 +24,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "releaser",
             "budget::lease",
             "election",
+            "overrides_watch",
             "simulate",
         ],
     ),

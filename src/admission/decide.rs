@@ -136,8 +136,9 @@ fn paused(cx: &Cx<'_>, until: Millis, limiter: &mut Limiter) -> Option<Decision>
     let left = until.saturating_sub(now);
     let end = crate::names::format_pause_end(until);
     let head = format!(
-        "churn-throttler: rule {:?} is paused by its schedule until {end}; this {}",
+        "churn-throttler: rule {:?} is paused by {} until {end}; this {}",
         rule.name,
+        rule.paused_by,
         describe(churn)
     );
     Some(match rule.action {

@@ -48,7 +48,8 @@ pub(super) fn decide(
     if let Some(until) = rule.paused_at(now) {
         // A schedule window of events: 0: every pod waits; the releaser lifts none.
         return gated(format!(
-            "the rule is paused by its schedule until {}",
+            "the rule is paused by {} until {}",
+            rule.paused_by,
             crate::names::format_pause_end(until)
         ));
     }

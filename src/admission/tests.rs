@@ -965,6 +965,24 @@ fn a_paused_rule_answers_every_action_without_charging() {
         .message
         .unwrap_or_default()
         .contains("paused by its schedule until"));
+    // A pause made with `churn-throttler pause` says so (the policy in force sets it).
+    for rule in &mut policy.rules {
+        rule.paused_by = crate::policy::PAUSED_BY_COMMAND;
+    }
+    let by_hand = decide(
+        &fixture("pod-eviction"),
+        Endpoint::Validate,
+        &policy,
+        &mut limiter,
+        now,
+    );
+    assert!(
+        by_hand
+            .message
+            .unwrap_or_default()
+            .contains("paused by `churn-throttler pause` until"),
+        "a pause by hand names the command"
+    );
     for (name, endpoint, label) in [
         ("pod-create-bound", Endpoint::Mutate, "allow"),
         ("pod-delete-terminating", Endpoint::Validate, "pass"),

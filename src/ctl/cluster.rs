@@ -17,7 +17,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use std::collections::HashMap;
@@ -211,13 +211,17 @@ pub struct Read {
     pub pods: Vec<Pod>,
     pub sets: Vec<StatefulSet>,
     pub steps: HashMap<String, StepPod>,
+    /// The PacingOverride objects (pauses, overrides) in churn-throttler's namespace.
+    pub overrides: Vec<DynamicObject>,
+    /// Why they could not be read (no CRD, no rights), if so.
+    pub overrides_note: Option<String>,
     pub now: Millis,
 }
 
 /// The policy from `--config`, else from the install's ConfigMap; without either, the
 /// built-in one when the releaser's Lease shows churn-throttler runs (`serve` without
 /// --config), else "not installed".
-async fn policy(
+pub async fn policy(
     conn: &Conn,
     args: &ClusterArgs,
     config: Option<&Path>,
@@ -292,6 +296,16 @@ pub async fn read(
         conn.call("list statefulsets", sets.list(&every)),
     )?;
     let steps = step_pods(conn, &sets.items).await?;
+    let (overrides, overrides_note) = match list_overrides(conn, &args.lease_namespace).await {
+        Ok(list) => (list, None),
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "pauses and overrides not read (PacingOverride objects in {}): {e}",
+                args.lease_namespace
+            )),
+        ),
+    };
     Ok(Read {
         policy,
         policy_source,
@@ -299,8 +313,26 @@ pub async fn read(
         pods: pods.items,
         sets: sets.items,
         steps,
+        overrides,
+        overrides_note,
         now: now_millis(),
     })
+}
+
+/// The PacingOverride objects of `namespace`.
+pub async fn list_overrides(conn: &Conn, namespace: &str) -> Result<Vec<DynamicObject>, CtlError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        conn.client.clone(),
+        namespace,
+        &crate::objects::overrides::api_resource(),
+    );
+    let list = conn
+        .call(
+            &format!("list pacingoverrides in {namespace}"),
+            api.list(&ListParams::default()),
+        )
+        .await?;
+    Ok(list.items)
 }
 
 /// What the pod each held set's last step released shows (the partition releaser reads

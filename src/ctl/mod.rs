@@ -1,12 +1,14 @@
 //! The operator's commands against a running cluster: `status` (the queue, the held
 //! rollouts, the windows, the leader; `--watch`; `status sts/NAME --wait`) and `release`
-//! (the emergency path by hand). They read the cluster as kubectl does and need only the
+//! (the emergency path by hand), `pause`, `resume` and `override` (PacingOverride
+//! objects: `pacing`). They read the cluster as kubectl does and need only the
 //! rights of manifests/rbac/churn-throttler-operator.yaml. `model`, `sets`, `render` and
 //! the patches of `release` are pure; `cluster`, `wait` and the rest of `release` talk to
 //! the API server. Also run as a kubectl plugin (`kubectl churn-throttler status`).
 
 pub mod cluster;
 pub mod model;
+pub mod pacing;
 pub mod release;
 pub mod render;
 pub mod report;
@@ -256,8 +258,12 @@ async fn status(args: &StatusArgs) -> Result<u8, CtlError> {
             lease: read.lease.as_ref(),
             lease_name: &lease_name,
             namespace: namespace.as_deref(),
+            overrides: &read.overrides,
             now: read.now,
         });
+        if let Some(note) = &read.overrides_note {
+            report.notes.push(note.clone());
+        }
         if let Some(name) = set {
             only_statefulset(&mut report, name);
         }

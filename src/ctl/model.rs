@@ -11,17 +11,20 @@
 //! releaser's Events use.
 
 use super::report::{
-    fullest_window, rule_line, seconds_until, Cluster, GatedPod, Leader, Report, RuleStatus,
-    ScheduleStatus, API_VERSION, KIND,
+    fullest_window, rule_line, seconds_until, Cluster, GatedPod, Leader, PacingStatus, Report,
+    RuleStatus, ScheduleStatus, API_VERSION, KIND,
 };
 use super::sets::held_part;
 use crate::limiter::{Limiter, Millis};
 use crate::names::format_time;
+use crate::objects::overrides::{read, until, Live, Read};
 use crate::objects::pods::{view, View};
 use crate::pacing::gate::{not_ready_by_rule, seed, Charged, ReleasedPod};
+use crate::pacing::schedule::{Adjustment, Scoped};
 use crate::policy::{Action, Policy};
 use crate::queue::{estimate, gate_rule, Cursor, EstimateInputs, QueuedPod, MAX_ESTIMATED};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::DynamicObject;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -53,7 +56,9 @@ pub fn cursor_of(policy: &Policy, released: &[ReleasedPod]) -> Cursor {
 pub fn build(c: &Cluster<'_>) -> Report {
     // The windows, slots and estimates with the limits in force now (schedule windows
     // applied); each rule with schedules says which window is in force and what is next.
-    let (in_force, _) = crate::pacing::schedule::policy_in_force(c.policy, c.now);
+    let (pacing, pacing_notes) = pacing_part(c.overrides, c.now);
+    let scoped: Vec<Scoped> = pacing.iter().map(|(l, _)| l.scoped.clone()).collect();
+    let (in_force, _) = crate::pacing::schedule::policy_in_force(c.policy, &scoped, c.now);
     let at_now = Cluster {
         policy: &in_force,
         ..*c
@@ -63,7 +68,7 @@ pub fn build(c: &Cluster<'_>) -> Report {
     rules.extend(partition_rules);
     for line in &mut rules {
         if let Some(rule) = c.policy.rules.iter().find(|r| *r.name == line.name) {
-            line.schedule = schedule_status(rule, c.now);
+            line.schedule = schedule_status(rule, &scoped, c.now);
         }
     }
     // In policy order, as the policy file lists them.
@@ -76,6 +81,7 @@ pub fn build(c: &Cluster<'_>) -> Report {
         .collect();
     rules.sort_by_key(|r| order.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
     notes.extend(partition_notes);
+    notes.extend(pacing_notes);
     Report {
         api_version: API_VERSION,
         kind: KIND,
@@ -86,20 +92,77 @@ pub fn build(c: &Cluster<'_>) -> Report {
         rules,
         gated_pods,
         held_stateful_sets,
+        pacing_overrides: pacing.into_iter().map(|(_, s)| s).collect(),
         notes,
     }
 }
 
-/// Which schedule window is in force for `rule` and what comes next (None without
-/// schedules).
-fn schedule_status(rule: &crate::policy::Rule, now: Millis) -> Option<ScheduleStatus> {
-    use crate::pacing::schedule::{describe_in_force, limit_in_force, source_words};
-    if rule.schedules.is_empty() {
+/// The pauses and overrides in force, oldest first, and a note per ignored object.
+fn pacing_part(objects: &[DynamicObject], now: Millis) -> (Vec<(Live, PacingStatus)>, Vec<String>) {
+    let mut live = Vec::new();
+    let mut notes = Vec::new();
+    for object in objects {
+        match read(object, now) {
+            Read::Live(l) => {
+                let until = until(&l);
+                let (kind, figures) = match l.scoped.adjustment {
+                    Adjustment::Pause { .. } => ("pause", None),
+                    Adjustment::Override {
+                        events,
+                        burst,
+                        max_not_ready,
+                        ..
+                    } => {
+                        let mut f = format!("{events} events");
+                        if let Some(b) = burst {
+                            f.push_str(&format!(", burst {b}"));
+                        }
+                        if let Some(m) = max_not_ready {
+                            f.push_str(&format!(", maxNotReady {m}"));
+                        }
+                        ("override", Some(f))
+                    }
+                };
+                let status = PacingStatus {
+                    name: l.name.clone(),
+                    kind,
+                    rules: l.scoped.rules.clone().unwrap_or_default(),
+                    figures,
+                    author: l.author.clone(),
+                    reason: l.reason.clone(),
+                    since: format_time(l.created),
+                    until: until.map(format_time),
+                    seconds_left: until.map(|u| seconds_until(u, now)),
+                };
+                live.push((l, status));
+            }
+            Read::Expired { .. } => {}
+            Read::Ignored { name, reason } => notes.push(format!(
+                "PacingOverride {name} is ignored (malformed: {reason}); no pause or override applies from it"
+            )),
+        }
+    }
+    live.sort_by(|a, b| (a.0.created, &a.0.name).cmp(&(b.0.created, &b.0.name)));
+    (live, notes)
+}
+
+/// Which schedule window, pause or override is in force for `rule` and what comes next
+/// (None without schedules or adjustments).
+fn schedule_status(
+    rule: &crate::policy::Rule,
+    scoped: &[Scoped],
+    now: Millis,
+) -> Option<ScheduleStatus> {
+    use crate::pacing::schedule::{
+        adjustments_for, describe_in_force, limit_in_force, source_words,
+    };
+    let adjustments = adjustments_for(scoped, &rule.name);
+    if rule.schedules.is_empty() && adjustments.is_empty() {
         return None;
     }
-    let in_force = limit_in_force(rule, &[], now);
+    let in_force = limit_in_force(rule, &adjustments, now);
     let next = in_force.next_change.map(|at| {
-        let then = limit_in_force(rule, &[], at);
+        let then = limit_in_force(rule, &adjustments, at);
         (at, describe_in_force(&then))
     });
     Some(ScheduleStatus {

@@ -67,6 +67,7 @@ pub fn human(report: &Report) -> String {
     let mut out = header(report);
     out.push_str(&rules(report));
     out.push_str(&schedules(report));
+    out.push_str(&pacing(report));
     out.push_str(&gated_pods(report));
     out.push_str(&held_sets(report));
     if !report.notes.is_empty() {
@@ -208,6 +209,47 @@ fn schedules(report: &Report) -> String {
             _ => out.push_str("; no change within 400 days\n"),
         }
     }
+    out
+}
+
+/// The pauses and overrides in force: what, on which rules, who, why, time left.
+fn pacing(report: &Report) -> String {
+    if report.pacing_overrides.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = report
+        .pacing_overrides
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.clone(),
+                match &p.figures {
+                    Some(f) => format!("{} ({f})", p.kind),
+                    None => p.kind.to_string(),
+                },
+                if p.rules.is_empty() {
+                    "(all)".to_string()
+                } else {
+                    p.rules.join(",")
+                },
+                p.author.clone(),
+                or_dash(Some(p.reason.clone()).filter(|r| !r.is_empty())),
+                clock(&p.since),
+                p.seconds_left
+                    .map_or("until resumed".to_string(), |s| in_words(s.max(0.0))),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "
+pauses and overrides: {}
+",
+        report.pacing_overrides.len()
+    );
+    out.push_str(&table(
+        &["NAME", "WHAT", "RULES", "BY", "REASON", "SINCE", "LEFT"],
+        &rows,
+    ));
     out
 }
 

@@ -8,6 +8,7 @@ use crate::policy::{Limit, Policy, Rule, Scope};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::DynamicObject;
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -38,6 +39,8 @@ pub struct Cluster<'a> {
     pub lease_name: &'a str,
     /// Only this namespace's pods and sets are listed (the estimates count every one).
     pub namespace: Option<&'a str>,
+    /// The PacingOverride objects (pauses and overrides).
+    pub overrides: &'a [DynamicObject],
     pub now: Millis,
 }
 
@@ -56,7 +59,29 @@ pub struct Report {
     pub rules: Vec<RuleStatus>,
     pub gated_pods: Vec<GatedPod>,
     pub held_stateful_sets: Vec<HeldStatefulSet>,
+    /// Pauses and overrides in force (`churn-throttler pause`, `override`).
+    pub pacing_overrides: Vec<PacingStatus>,
     pub notes: Vec<String>,
+}
+
+/// One pause or override in force.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PacingStatus {
+    /// The PacingOverride object's name.
+    pub name: String,
+    /// pause or override.
+    pub kind: &'static str,
+    /// The rules it applies to; empty: every rule.
+    pub rules: Vec<String>,
+    /// An override's figures, e.g. "50 events, burst 5".
+    pub figures: Option<String>,
+    pub author: String,
+    pub reason: String,
+    pub since: String,
+    /// null: until resumed.
+    pub until: Option<String>,
+    pub seconds_left: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -59,6 +59,14 @@ fn report(namespace: Option<&str>) -> Report {
 }
 
 fn report_with(policy: &Policy, namespace: Option<&str>) -> Report {
+    report_with_overrides(policy, namespace, &[])
+}
+
+fn report_with_overrides(
+    policy: &Policy,
+    namespace: Option<&str>,
+    overrides: &[kube::api::DynamicObject],
+) -> Report {
     let pods: Vec<Pod> = items("pods");
     let sets: Vec<StatefulSet> = items("statefulsets");
     let lease: Lease = serde_json::from_value(fixture("lease")).unwrap_or_else(|e| panic!("{e}"));
@@ -81,8 +89,96 @@ fn report_with(policy: &Policy, namespace: Option<&str>) -> Report {
         lease: Some(&lease),
         lease_name: "churn-throttler/churn-throttler-releaser",
         namespace,
+        overrides,
         now,
     })
+}
+
+fn pacing_object(name: &str, created: &str, spec: Value) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "churn-throttler.io/v1alpha1",
+        "kind": "PacingOverride",
+        "metadata": { "name": name, "namespace": "churn-throttler", "creationTimestamp": created },
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A pause made 10 minutes ago for 30 minutes: listed with who, why and the time left, the
+/// rule it names shown paused by it (the estimates count from its end); an override of
+/// the other rule puts its figures in force; a malformed object is noted; an expired one
+/// is not listed.
+#[test]
+fn status_shows_pauses_and_overrides_with_who_why_and_time_left() {
+    let objects = vec![
+        pacing_object(
+            "pause-a",
+            "2026-12-06T09:50:00Z",
+            json!({"rules": ["deploy-creates"], "pause": true, "duration": "30m", "author": "alice", "reason": "INC-1"}),
+        ),
+        pacing_object(
+            "override-b",
+            "2026-12-06T09:59:00Z",
+            json!({"rules": ["sts-rollouts"], "override": {"events": 50}, "duration": "2h", "author": "bob"}),
+        ),
+        pacing_object(
+            "old",
+            "2026-12-06T08:00:00Z",
+            json!({"all": true, "pause": true, "duration": "1h"}),
+        ),
+        pacing_object(
+            "broken",
+            "2026-12-06T09:00:00Z",
+            json!({"all": true, "pause": true}),
+        ),
+    ];
+    let report = report_with_overrides(&policy(), None, &objects);
+    let names: Vec<&str> = report
+        .pacing_overrides
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, vec!["pause-a", "override-b"]);
+    let pause = &report.pacing_overrides[0];
+    assert_eq!(
+        (pause.kind, pause.author.as_str(), pause.reason.as_str()),
+        ("pause", "alice", "INC-1")
+    );
+    assert_eq!(pause.seconds_left, Some(1200.0));
+    assert_eq!(pause.until.as_deref(), Some("2026-12-06T10:20:00.000Z"));
+    let rule = |name: &str| {
+        report
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    let gate = rule("deploy-creates")
+        .schedule
+        .unwrap_or_else(|| panic!("paused"));
+    assert!(gate.paused);
+    assert_eq!(gate.source, "a pause");
+    let sts = rule("sts-rollouts")
+        .schedule
+        .unwrap_or_else(|| panic!("overridden"));
+    assert!(!sts.paused);
+    assert_eq!(sts.source, "an override");
+    assert!(sts.in_force.starts_with("50 per 10s"), "{}", sts.in_force);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| n.contains("PacingOverride broken is ignored")),
+        "{:?}",
+        report.notes
+    );
+    let text = human(&report);
+    assert!(text.contains("pauses and overrides: 2"), "{text}");
+    assert!(
+        text.contains("alice") && text.contains("INC-1") && text.contains("20m"),
+        "{text}"
+    );
 }
 
 /// A schedule window of `events: 0` open now shows as a pause with its end; one with

@@ -22,7 +22,7 @@ pub enum Source {
     /// The schedule window at this index of the rule's `schedules` (the one that set the
     /// events, the lowest index among equals).
     Schedule { window: usize },
-    /// A temporary override (none exist yet: the slice passed in is empty).
+    /// A temporary override (`churn-throttler override`).
     Override,
     /// A pause; also a schedule window of `events: 0` (then `Schedule` says which).
     Pause,
@@ -41,7 +41,7 @@ impl Source {
 }
 
 /// A change made from outside the policy, in force from `from` until `until` (None: until
-/// removed). Reserved for `pause` and `override`; nothing creates one yet.
+/// removed): a PacingOverride object made by `pause` or `override` (crate::objects::overrides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adjustment {
     Pause {
@@ -55,6 +55,30 @@ pub enum Adjustment {
         burst: Option<u32>,
         max_not_ready: Option<u32>,
     },
+}
+
+/// An adjustment and the rules it applies to (None: every rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scoped {
+    pub rules: Option<Vec<String>>,
+    pub adjustment: Adjustment,
+}
+
+impl Scoped {
+    pub fn applies_to(&self, rule: &str) -> bool {
+        self.rules
+            .as_ref()
+            .is_none_or(|rules| rules.iter().any(|r| r == rule))
+    }
+}
+
+/// The adjustments of `scoped` that apply to `rule`.
+pub fn adjustments_for(scoped: &[Scoped], rule: &str) -> Vec<Adjustment> {
+    scoped
+        .iter()
+        .filter(|s| s.applies_to(rule))
+        .map(|s| s.adjustment)
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,17 +306,31 @@ fn window_figures(rule: &Rule, window: &ScheduleWindow) -> Figures {
     }
 }
 
-/// The policy in force at `now`: every rule with schedules has its limits, maxNotReady
-/// and pause set by [`limit_in_force`]; and the earliest next change of any rule (until
-/// then the result stays valid). A policy without schedules comes back as it is.
-pub fn policy_in_force(policy: &Policy, now: Millis) -> (Policy, Option<Millis>) {
+/// The policy in force at `now`: every rule with schedules or adjustments has its
+/// limits, maxNotReady and pause set by [`limit_in_force`]; and the earliest next change
+/// of any rule (until then the result stays valid). A policy without either comes back
+/// as it is.
+pub fn policy_in_force(
+    policy: &Policy,
+    scoped: &[Scoped],
+    now: Millis,
+) -> (Policy, Option<Millis>) {
     let mut out = policy.clone();
     let mut next: Option<Millis> = None;
-    for rule in out.rules.iter_mut().filter(|r| !r.schedules.is_empty()) {
-        let in_force = limit_in_force(rule, &[], now);
+    for rule in out.rules.iter_mut() {
+        let adjustments = adjustments_for(scoped, &rule.name);
+        if rule.schedules.is_empty() && adjustments.is_empty() {
+            continue;
+        }
+        let in_force = limit_in_force(rule, &adjustments, now);
         rule.limits = in_force.limits;
         rule.max_not_ready = in_force.max_not_ready;
         rule.paused_until = in_force.paused_until;
+        rule.paused_by = if in_force.source == Source::Pause {
+            crate::policy::PAUSED_BY_COMMAND
+        } else {
+            crate::policy::PAUSED_BY_SCHEDULE
+        };
         if let Some(t) = in_force.next_change {
             next = Some(next.map_or(t, |n| n.min(t)));
         }

@@ -242,16 +242,20 @@ fn next_changes_of_a_policy() {
             (at("2026-12-07T16:00:00Z"), 10),
         ]
     );
-    let (in_force, next) = policy_in_force(&policy, at("2026-12-07T09:00:00Z"));
+    let (in_force, next) = policy_in_force(&policy, &[], at("2026-12-07T09:00:00Z"));
     assert_eq!(
         in_force.rules[0].paused_at(at("2026-12-07T09:00:00Z")),
         Some(at("2026-12-07T16:00:00Z"))
+    );
+    assert_eq!(
+        in_force.rules[0].paused_by,
+        crate::policy::PAUSED_BY_SCHEDULE
     );
     assert_eq!(next, Some(at("2026-12-07T16:00:00Z")));
     // The built-in policy has no schedules and comes back as it is.
     let builtin = Policy::builtin();
     assert!(!has_schedules(&builtin));
-    assert_eq!(policy_in_force(&builtin, 0), (builtin.clone(), None));
+    assert_eq!(policy_in_force(&builtin, &[], 0), (builtin.clone(), None));
 }
 
 /// Windows drawn from a small grammar: a minute, an hour set, a weekday set, a zone.
@@ -369,7 +373,7 @@ fn a_change_of_limit_keeps_the_charged_history_and_a_pause_earns_no_burst() {
     let mut limiter = Limiter::new(1_000);
     // How many of `tries` the limits in force at `now` admit at once, and the last answer.
     let mut admit = |now: Millis, tries: usize| -> (usize, Outcome) {
-        let (in_force, _) = policy_in_force(&policy, now);
+        let (in_force, _) = policy_in_force(&policy, &[], now);
         let rule = &in_force.rules[0];
         assert_eq!(rule.paused_at(now), None, "not paused at {now}");
         let mut admitted = 0;
@@ -411,7 +415,7 @@ fn a_change_of_limit_keeps_the_charged_history_and_a_pause_earns_no_burst() {
         "{last:?}"
     );
     // 03:00 to 04:00 paused: nothing is charged (the decisions answer before the limiter).
-    let (paused, _) = policy_in_force(&policy, at("2026-12-07T03:30:00Z"));
+    let (paused, _) = policy_in_force(&policy, &[], at("2026-12-07T03:30:00Z"));
     assert_eq!(
         paused.rules[0].paused_at(at("2026-12-07T03:30:00Z")),
         Some(at("2026-12-07T04:00:00Z"))
@@ -419,4 +423,59 @@ fn a_change_of_limit_keeps_the_charged_history_and_a_pause_earns_no_burst() {
     // 05:00, 2 per 10 s (burst 2): after the pause and the quiet hours, 2 at once, no more.
     assert_eq!(admit(at("2026-12-07T05:00:00Z"), 20).0, 2);
     assert_eq!(admit(at("2026-12-07T05:00:01Z"), 20).0, 0);
+}
+
+/// A pause or override from a PacingOverride applies to the rules it names (or every
+/// rule), on the built-in policy without schedules too, and ends by itself.
+#[test]
+fn scoped_adjustments_apply_to_their_rules_only() {
+    let builtin = Policy::builtin();
+    let first: String = builtin.rules[0].name.to_string();
+    let second: String = builtin.rules[1].name.to_string();
+    let pause_first = Scoped {
+        rules: Some(vec![first.clone()]),
+        adjustment: Adjustment::Pause {
+            from: 1_000,
+            until: Some(61_000),
+        },
+    };
+    let (in_force, next) = policy_in_force(&builtin, std::slice::from_ref(&pause_first), 2_000);
+    assert_eq!(in_force.rules[0].paused_at(2_000), Some(61_000));
+    assert_eq!(in_force.rules[1].paused_at(2_000), None);
+    assert_eq!(
+        in_force.rules[0].paused_by,
+        crate::policy::PAUSED_BY_COMMAND
+    );
+    assert_eq!(next, Some(61_000));
+    // After its end, the policy's own again.
+    let (after, _) = policy_in_force(&builtin, std::slice::from_ref(&pause_first), 61_000);
+    assert_eq!(after.rules[0].paused_at(61_000), None);
+    // Every rule, indefinitely: paused with no end in sight.
+    let all = Scoped {
+        rules: None,
+        adjustment: Adjustment::Pause {
+            from: 0,
+            until: None,
+        },
+    };
+    let (paused, _) = policy_in_force(&builtin, &[all], 5);
+    assert!(paused
+        .rules
+        .iter()
+        .all(|r| r.paused_at(5) == Some(Millis::MAX)));
+    // An override of the second rule to 50 events per window.
+    let over = Scoped {
+        rules: Some(vec![second]),
+        adjustment: Adjustment::Override {
+            from: 0,
+            until: 10_000,
+            events: 50,
+            burst: None,
+            max_not_ready: Some(7),
+        },
+    };
+    let (overridden, _) = policy_in_force(&builtin, &[over], 5);
+    assert_eq!(overridden.rules[1].limits[0].events, 50);
+    assert_eq!(overridden.rules[1].max_not_ready, Some(7));
+    assert_eq!(overridden.rules[0], builtin.rules[0]);
 }

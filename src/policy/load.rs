@@ -4,7 +4,10 @@
 use super::cron::Cron;
 use super::duration::{format_duration, serde_duration, serde_opt_duration};
 use super::schedule::ScheduleWindow;
-use super::{Action, ChurnKind, Exemptions, Limit, Match, NetworkConfig, Policy, Rule, Scope};
+use super::{
+    Action, ChurnKind, Exemptions, Limit, Match, NetworkConfig, Policy, Rule, Scope,
+    PAUSED_BY_SCHEDULE,
+};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -327,6 +330,7 @@ fn build_rule(
         gate_only: false,
         schedules,
         paused_until: None,
+        paused_by: PAUSED_BY_SCHEDULE,
     })
 }
 

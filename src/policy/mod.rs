@@ -222,7 +222,15 @@ pub struct Rule {
     /// Never set by the policy file: `crate::pacing::schedule` sets it on the policy in
     /// force at a given time, as it sets the limits.
     pub paused_until: Option<u64>,
+    /// What pauses it, for messages: "its schedule" or "`churn-throttler pause`" (set
+    /// with `paused_until`).
+    pub paused_by: &'static str,
 }
+
+/// `Rule::paused_by` of a schedule window of `events: 0`.
+pub const PAUSED_BY_SCHEDULE: &str = "its schedule";
+/// `Rule::paused_by` of a PacingOverride (`churn-throttler pause`, an override to 0).
+pub const PAUSED_BY_COMMAND: &str = "`churn-throttler pause`";
 
 impl Rule {
     /// The end of the pause in force at `now`, if the rule is paused (see `paused_until`).

@@ -461,7 +461,7 @@ impl Releaser {
                     "Paused",
                     format!(
                         "{} pod(s) in this namespace wait behind the scheduling gate {GATE_NAME}: rule {:?} \
-                         is paused by its schedule until {}; releases resume then at {}. {} pod(s) wait \
+                         is paused (by its schedule or `churn-throttler pause`) until {}; releases resume then at {}. {} pod(s) wait \
                          for it in {} namespace(s).",
                         w.pods,
                         &*w.rule,

@@ -17,6 +17,7 @@ mod controller;
 mod partition;
 mod released_pods;
 mod shell;
+pub use shell::new_event;
 
 pub use controller::run;
 

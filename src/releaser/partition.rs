@@ -519,7 +519,7 @@ impl PartitionReleaser {
                     "Paused",
                     format!(
                         "{} StatefulSet rollout(s) in this namespace wait for their next partition step: \
-                         rule {:?} is paused by its schedule until {}; steps resume then.",
+                         rule {:?} is paused (by its schedule or `churn-throttler pause`) until {}; steps resume then.",
                         w.sets,
                         &*w.rule,
                         crate::names::format_pause_end(until),

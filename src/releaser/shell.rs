@@ -409,7 +409,7 @@ impl EventWriter {
 }
 
 /// A new events.k8s.io Event about `regarding`, from the releaser, within the API's limits.
-pub(super) fn new_event(
+pub fn new_event(
     regarding: ObjectReference,
     action: &str,
     reason: &str,

@@ -3,6 +3,7 @@
 use crate::budget::{scale_policy, GateRole, Share};
 use crate::limiter::{Limiter, Millis};
 use crate::metrics::Metrics;
+use crate::pacing::schedule::Scoped;
 use crate::policy::Policy;
 use crate::shared::{
     now_millis, BudgetCell, LimiterCell, PolicyCell, QueueCell, ReleaserRole, RoleCell,
@@ -11,6 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The policy and adjustments the in-force gauges were last published for, valid until then.
+type Published = (Arc<Policy>, Arc<Vec<Scoped>>, Millis);
+
 pub struct AppState {
     policy: Arc<PolicyCell>,
     limiter: Arc<LimiterCell>,
@@ -18,7 +22,7 @@ pub struct AppState {
     /// The policy scaled by the share last asked for, and what it was made from.
     scaled: Mutex<Option<Scaled>>,
     /// The policy whose limits in force the gauges show, and until when they hold.
-    in_force_published: Mutex<Option<(Arc<Policy>, Millis)>>,
+    in_force_published: Mutex<Option<Published>>,
     releaser: Arc<RoleCell>,
     /// The gate queue the leading releaser in this process last saw (None elsewhere).
     queue: Arc<QueueCell>,
@@ -255,17 +259,21 @@ impl AppState {
     /// Computed again only when the policy changed or its limits in force may have (the
     /// sweep runs every second; a window evaluation is not free).
     fn publish_in_force(&self, policy: &Arc<Policy>, now: Millis) {
-        use crate::pacing::schedule::{limit_in_force, Source};
+        use crate::pacing::schedule::{adjustments_for, limit_in_force, Source};
+        let adjustments = self.policy.adjustments();
         let mut published = lock(&self.in_force_published);
-        if let Some((last, until)) = published.as_ref() {
-            if Arc::ptr_eq(last, policy) && now < *until {
+        if let Some((last, last_adjustments, until)) = published.as_ref() {
+            if Arc::ptr_eq(last, policy)
+                && Arc::ptr_eq(last_adjustments, &adjustments)
+                && now < *until
+            {
                 return;
             }
         }
         let m = &self.metrics.limiter;
         let mut until = now.saturating_add(3_600_000);
         for rule in &policy.rules {
-            let in_force = limit_in_force(rule, &[], now);
+            let in_force = limit_in_force(rule, &adjustments_for(&adjustments, &rule.name), now);
             if let Some(next) = in_force.next_change {
                 until = until.min(next);
             }
@@ -276,7 +284,7 @@ impl AppState {
             m.rule_paused
                 .with_label_values(&[name])
                 .set(i64::from(in_force.paused_until.is_some()));
-            // A window of events: 0 is a pause; its source label says so.
+            // A window of events: 0 (or an override to 0) is a pause; its source label says so.
             let source = if in_force.paused_until.is_some() {
                 Source::Pause
             } else {
@@ -288,7 +296,7 @@ impl AppState {
                     .set(i64::from(source.label() == label));
             }
         }
-        *published = Some((policy.clone(), until));
+        *published = Some((policy.clone(), adjustments, until));
     }
 
     /// Sweeps the limiter and publishes its gauges.

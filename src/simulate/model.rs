@@ -677,7 +677,7 @@ impl<'a> Sim<'a> {
         };
         let start = scheduled.start;
         let (mut policy, next) =
-            crate::pacing::schedule::policy_in_force(&self.base_policy, start + self.now);
+            crate::pacing::schedule::policy_in_force(&self.base_policy, &[], start + self.now);
         for rule in &mut policy.rules {
             rule.paused_until = rule.paused_until.map(|u| {
                 if u == Millis::MAX {
