@@ -226,43 +226,41 @@ fn object(spec: &Spec, prefix: &str, namespace: &str) -> Result<DynamicObject, C
 }
 
 pub fn pause_main(args: &PauseArgs) -> std::process::ExitCode {
-    let result = super::runtime().and_then(|rt| {
-        rt.block_on(async {
-            // Refused before anything is read or written.
-            let mut spec = pause_spec(args, "").map_err(|e| CtlError::Other(e.to_string()))?;
-            let conn = connect(&args.cluster).await?;
-            spec.author = conn.who_am_i().await;
-            create(
-                &conn,
-                &args.cluster,
-                &spec,
-                "pause-",
-                args.wait.wait_timeout,
-            )
-            .await
-        })
-    });
-    super::finish("pause", result)
+    create_main(
+        "pause",
+        pause_spec(args, ""),
+        &args.cluster,
+        args.wait.wait_timeout,
+    )
 }
 
 pub fn override_main(args: &OverrideArgs) -> std::process::ExitCode {
+    create_main(
+        "override",
+        override_spec(args, ""),
+        &args.cluster,
+        args.wait.wait_timeout,
+    )
+}
+
+/// `pause` and `override`: a spec refused before anything is read or written, else
+/// created with the author's name and waited for until the leader takes it up.
+fn create_main<E: std::fmt::Display>(
+    command: &'static str,
+    spec: Result<Spec, E>,
+    cluster: &ClusterArgs,
+    wait_timeout: Duration,
+) -> std::process::ExitCode {
     let result = super::runtime().and_then(|rt| {
         rt.block_on(async {
-            // Refused before anything is read or written.
-            let mut spec = override_spec(args, "").map_err(|e| CtlError::Other(e.to_string()))?;
-            let conn = connect(&args.cluster).await?;
+            let mut spec = spec.map_err(|e| CtlError::Other(e.to_string()))?;
+            let conn = connect(cluster).await?;
             spec.author = conn.who_am_i().await;
-            create(
-                &conn,
-                &args.cluster,
-                &spec,
-                "override-",
-                args.wait.wait_timeout,
-            )
-            .await
+            let prefix = format!("{command}-");
+            create(&conn, cluster, &spec, &prefix, wait_timeout).await
         })
     });
-    super::finish("override", result)
+    super::finish(command, result)
 }
 
 pub fn resume_main(args: &ResumeArgs) -> std::process::ExitCode {
