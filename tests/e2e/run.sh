@@ -879,11 +879,13 @@ for action in $ACTIONS; do
     # steps themselves are spaced by their decision times, at most burst beyond the
     # spacing in any window (2 + 10 s / 210 ms = 49 decisions), and their patches'
     # answers add the API server's jitter: 51 seen once in a 10 s window. Within 1 s the
-    # spacing is judged at the patches' arrival (requestReceivedTimestamp): their answers
-    # bunch by the API server's latency alone (8 answers in 1 s from 7 arrivals, seen in CI).
+    # spacing is judged at the patches' arrival (requestReceivedTimestamp) with one step
+    # of allowance for the same jitter: answers bunched to 8 in 1 s in CI, and arrivals
+    # to 8 on a loaded machine (the steps' decisions are spaced at 200 ms + burst 2: 7).
     steps_10s=$(( LIMIT + ${BURST:-2} ))
-    check "[$action] the releaser's steps at their patches' answers: at most $steps_10s in any ${WINDOW} s window ($(jget "$R" effect_steps_max)); at their arrival at most $per_s in any 1 s ($(jget "$R" effect_steps_max_1s_sent); at the answers $(jget "$R" effect_steps_max_1s)), all $((STS * REPLICAS)) found ($(jget "$R" effect_steps), unmatched $(jget "$R" steps_unmatched))" \
-      test "$(jget "$R" effect_steps)" -eq $((STS * REPLICAS)) -a "$(jget "$R" steps_unmatched)" -eq 0 -a "$(jget "$R" effect_steps_max)" -le "$steps_10s" -a "$(jget "$R" effect_steps_max_1s_sent)" -le "$per_s"
+    steps_1s=$(( per_s + 1 ))
+    check "[$action] the releaser's steps at their patches' answers: at most $steps_10s in any ${WINDOW} s window ($(jget "$R" effect_steps_max)); at their arrival at most $steps_1s in any 1 s ($(jget "$R" effect_steps_max_1s_sent); at the answers $(jget "$R" effect_steps_max_1s)), all $((STS * REPLICAS)) found ($(jget "$R" effect_steps), unmatched $(jget "$R" steps_unmatched))" \
+      test "$(jget "$R" effect_steps)" -eq $((STS * REPLICAS)) -a "$(jget "$R" steps_unmatched)" -eq 0 -a "$(jget "$R" effect_steps_max)" -le "$steps_10s" -a "$(jget "$R" effect_steps_max_1s_sent)" -le "$steps_1s"
   fi
   # The requests' intervals: most inside a window is a lower bound (over the limit is a
   # certain breach), most overlapping it an upper bound; the bindings' answers lie between.
