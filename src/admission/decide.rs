@@ -32,12 +32,12 @@ pub fn decide_classified(
     queue: Option<&Snapshot>,
     now: Millis,
 ) -> Decision {
-    match classified {
-        Classified::Pass(reason) => Decision::bare(Verdict::Pass(*reason), None),
-        Classified::Churn(churn) => {
-            decide_churn_queued(churn, endpoint, policy, limiter, queue, now)
-        }
+    let mut decision =
+        decide_classified_unwritten(classified, endpoint, policy, limiter, queue, now);
+    if let Classified::Churn(churn) = classified {
+        decision.write_message(policy, churn);
     }
+    decision
 }
 
 /// [`decide_classified`] with the sentence left as a [`Note`] (see [`decide_unwritten`]).
