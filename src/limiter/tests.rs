@@ -352,6 +352,23 @@ struct Run {
 /// `hold`: decide as hold and retry-after rules do (slots within the arrival margin are
 /// held, farther ones aligned to whole seconds), with clients early, on time or late;
 /// otherwise plain reservations and clients on time.
+/// The identity and namespace of each generated arrival, from its (namespace, pool):
+/// a ReplicaSet pool's or one pod's.
+fn identities(arrivals: impl Iterator<Item = (u8, bool)>) -> Vec<(Identity, String)> {
+    arrivals
+        .enumerate()
+        .map(|(i, (namespace, pool))| {
+            let ns = format!("ns-{namespace}");
+            let id = if pool {
+                Identity::Pool(format!("{ns}/rs-"))
+            } else {
+                Identity::Exact(format!("{ns}/pod-{i}"))
+            };
+            (id, ns)
+        })
+        .collect()
+}
+
 fn drive(limit: Limit, share: u32, input: &[Arrival], hold: bool) -> Run {
     let rule: Arc<str> = Arc::from("rule");
     let limits = [limit];
@@ -360,19 +377,7 @@ fn drive(limit: Limit, share: u32, input: &[Arrival], hold: bool) -> Run {
     // (time, sequence, request index, is early retry)
     let mut queue: BinaryHeap<Reverse<(u64, usize, usize, bool)>> = BinaryHeap::new();
     let mut now = 0;
-    let identities: Vec<(Identity, String)> = input
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let ns = format!("ns-{}", a.namespace);
-            let id = if a.pool {
-                Identity::Pool(format!("{ns}/rs-"))
-            } else {
-                Identity::Exact(format!("{ns}/pod-{i}"))
-            };
-            (id, ns)
-        })
-        .collect();
+    let identities = identities(input.iter().map(|a| (a.namespace, a.pool)));
     let mut seq = 0;
     let mut first_arrival = vec![0; input.len()];
     for (i, a) in input.iter().enumerate() {
@@ -1365,19 +1370,7 @@ fn twin_run(
     let rule: Arc<str> = Arc::from("rule");
     let mut fast = Limiter::new(GENERATED_MAX_BUCKETS);
     let mut full = Limiter::new(GENERATED_MAX_BUCKETS);
-    let identities: Vec<(Identity, String)> = input
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let ns = format!("ns-{}", a.namespace);
-            let id = if a.pool {
-                Identity::Pool(format!("{ns}/rs-"))
-            } else {
-                Identity::Exact(format!("{ns}/pod-{i}"))
-            };
-            (id, ns)
-        })
-        .collect();
+    let identities = identities(input.iter().map(|a| (a.namespace, a.pool)));
     // (time, sequence, request index, attempt)
     let mut queue: BinaryHeap<Reverse<(u64, usize, usize, u32)>> = BinaryHeap::new();
     let mut now = 0;
